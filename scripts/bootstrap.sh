@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Source this file: it leaves a Python environment with trainopt installed active.
+# An already-active environment that imports trainopt_core with its extras is used as it is;
+# otherwise a local .venv/ in the checkout is created (once) and reused.
+_trainopt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_trainopt_stamp_src="$(cat "$_trainopt_root/pyproject.toml" | sha256sum | cut -c1-16)"
+
+_trainopt_ready() {
+    python - <<'PY' >/dev/null 2>&1
+import importlib, sys
+for name in ("trainopt_core", "torch", "torchvision", "transformers", "papermill", "nbval", "pytest", "deepspeed", "seaborn"):
+    importlib.import_module(name)
+PY
+}
+
+if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || ! _trainopt_ready; then
+    if [ ! -x "$_trainopt_root/.venv/bin/python" ]; then
+        echo "[trainopt] creating $_trainopt_root/.venv" >&2
+        python3 -m venv "$_trainopt_root/.venv" || return 1 2>/dev/null || exit 1
+    fi
+    # shellcheck disable=SC1091
+    . "$_trainopt_root/.venv/bin/activate"
+    if [ "$(cat "$_trainopt_root/.venv/.trainopt-stamp" 2>/dev/null)" != "$_trainopt_stamp_src" ] || ! _trainopt_ready; then
+        echo "[trainopt] installing into .venv (torch first; a few minutes the first time)" >&2
+        python -m pip install -q --upgrade pip >&2
+        # torch/torchvision as one pair: mismatched builds fail to import torchvision
+        python -m pip install -q "torch==2.14.1" "torchvision==0.29.1" >&2 \
+            || python -m pip install -q torch torchvision >&2 || { echo "[trainopt] torch install failed" >&2; return 1 2>/dev/null || exit 1; }
+        python -m pip install -q -e "$_trainopt_root[dev]" >&2 || { echo "[trainopt] install failed" >&2; return 1 2>/dev/null || exit 1; }
+        python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
+        echo "$_trainopt_stamp_src" > "$_trainopt_root/.venv/.trainopt-stamp"
+    fi
+fi
+unset -f _trainopt_ready

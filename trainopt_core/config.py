@@ -1,0 +1,224 @@
+"""One typed, validated configuration for every component (paper §III), plus the presets.
+
+`OptimizationConfig.baseline()` and `OptimizationConfig.optimized()` are paper §IV-B; the
+cumulative ablation ladder of Table III is `ABLATION_LADDER` (data, not code paths).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+import torch
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+SCHEDULES = ("constant", "cosine")
+SIGMA_TARGET_MODES = ("absolute", "relative")
+ZERO_STAGES = (0, 1, 2)
+
+Checkpointing = Union[None, Literal["sqrt"], int]
+
+
+def _fail(field_name: str, value, allowed: str) -> None:
+    raise ValueError(f"OptimizationConfig.{field_name}={value!r} is invalid: allowed {allowed}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizationConfig:
+    """Which training optimizations are on, and their parameters.
+
+    Accumulation: a fixed `k` (``adaptive=False``) or variance-aware adaptive accumulation
+    (``adaptive=True``) choosing k in [k_min, k_max] by eq. 6. ``sigma_target`` is the target
+    standard deviation of the accumulated gradient: absolute (``sigma_target_mode="absolute"``,
+    eq. 6 as printed) or relative (``"relative"``: σ_target² = sigma_target² · |G|², which makes
+    eq. 6 the gradient-noise-scale rule k ≈ B_simple / (sigma_target² · b)).
+    """
+
+    name: str = "custom"
+    precision: str = "fp32"
+    # accumulation (eqs. 4-9)
+    k: int = 1
+    adaptive: bool = False
+    k_min: int = 1
+    k_max: int = 1
+    sigma_target: float = 1.0
+    sigma_target_mode: str = "relative"
+    ema: float = 0.9
+    # schedule (eqs. 10-12)
+    schedule: str = "constant"
+    warmup_fraction: float = 0.0
+    min_lr_ratio: float = 0.1
+    lr_scaling: bool = False
+    base_batch_size: int | None = None
+    clip_norm: float | None = None
+    # memory
+    checkpointing: Checkpointing = None
+    zero_stage: int = 0
+    # fp16 dynamic loss scaling (torch.amp.GradScaler semantics)
+    initial_loss_scale: float = 2.0**16
+    loss_scale_growth_interval: int = 2000
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            _fail("precision", self.precision, f"one of {PRECISIONS}")
+        if not isinstance(self.k, int) or self.k < 1:
+            _fail("k", self.k, "an integer >= 1")
+        for name in ("k_min", "k_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                _fail(name, value, "an integer >= 1")
+        if self.adaptive:
+            if self.k_max < self.k_min:
+                _fail("k_max", self.k_max, f"an integer >= k_min ({self.k_min})")
+            if not (self.k_min <= self.k <= self.k_max):
+                _fail("k", self.k, f"the starting k, within [k_min, k_max] = [{self.k_min}, {self.k_max}]")
+        if not (self.sigma_target > 0 and math.isfinite(self.sigma_target)):
+            _fail("sigma_target", self.sigma_target, "a finite number > 0")
+        if self.sigma_target_mode not in SIGMA_TARGET_MODES:
+            _fail("sigma_target_mode", self.sigma_target_mode, f"one of {SIGMA_TARGET_MODES}")
+        if not (0.0 <= self.ema < 1.0):
+            _fail("ema", self.ema, "a number in [0, 1)")
+        if self.schedule not in SCHEDULES:
+            _fail("schedule", self.schedule, f"one of {SCHEDULES}")
+        if not (0.0 <= self.warmup_fraction < 1.0):
+            _fail("warmup_fraction", self.warmup_fraction, "a number in [0, 1)")
+        if not (0.0 <= self.min_lr_ratio <= 1.0):
+            _fail("min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
+        if self.base_batch_size is not None and (not isinstance(self.base_batch_size, int) or self.base_batch_size < 1):
+            _fail("base_batch_size", self.base_batch_size, "None or an integer >= 1")
+        if self.clip_norm is not None and not (self.clip_norm > 0 and math.isfinite(self.clip_norm)):
+            _fail("clip_norm", self.clip_norm, "None (no clipping) or a finite number > 0")
+        cp = self.checkpointing
+        if not (cp is None or cp == "sqrt" or (isinstance(cp, int) and not isinstance(cp, bool) and cp >= 1)):
+            _fail("checkpointing", cp, "None, 'sqrt' or an integer number of segments >= 1")
+        if self.zero_stage not in ZERO_STAGES:
+            _fail("zero_stage", self.zero_stage, f"one of {ZERO_STAGES}")
+        if not (self.initial_loss_scale > 0 and math.isfinite(self.initial_loss_scale)):
+            _fail("initial_loss_scale", self.initial_loss_scale, "a finite number > 0")
+        if not isinstance(self.loss_scale_growth_interval, int) or self.loss_scale_growth_interval < 1:
+            _fail("loss_scale_growth_interval", self.loss_scale_growth_interval, "an integer >= 1")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def k_start(self) -> int:
+        return self.k
+
+    def validate_for_run(self, *, device: torch.device | str, world_size: int = 1) -> None:
+        """Checks that depend on where the run happens (device, number of replicas)."""
+        device = torch.device(device)
+        if self.adaptive and self.k_min < 2 and world_size < 2:
+            _fail(
+                "k_min", self.k_min,
+                "an integer >= 2 with adaptive accumulation on one process (eq. 7's variance needs "
+                ">= 2 micro-batches per estimate; or run >= 2 data-parallel replicas)",
+            )
+        if self.precision in ("fp16", "bf16"):
+            dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
+            if not autocast_supports(device.type, dtype):
+                _fail("precision", self.precision, f"a precision torch.autocast supports on device {device.type!r}")
+
+    def replace(self, **changes) -> "OptimizationConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "OptimizationConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"OptimizationConfig got unknown fields {sorted(unknown)}; allowed {sorted(known)}")
+        return cls(**values)
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:10]
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def baseline(cls) -> "OptimizationConfig":
+        """Paper §IV-B baseline: FP32, no accumulation, constant LR, no clipping/checkpointing."""
+        return cls(name="baseline")
+
+    @classmethod
+    def optimized(cls) -> "OptimizationConfig":
+        """Paper §IV-B optimized: adaptive k in {4..8}, FP16 with dynamic loss scaling,
+        5% warmup + cosine to 0.1·η, linear LR scaling, clip 1.0, √L checkpointing, ZeRO-2."""
+        return cls(
+            name="optimized",
+            precision="fp16",
+            k=4, adaptive=True, k_min=4, k_max=8,
+            sigma_target=1.0, sigma_target_mode="relative",
+            schedule="cosine", warmup_fraction=0.05, min_lr_ratio=0.1, lr_scaling=True,
+            clip_norm=1.0,
+            checkpointing="sqrt",
+            zero_stage=2,
+        )
+
+    @classmethod
+    def preset(cls, name: str) -> "OptimizationConfig":
+        presets = {"baseline": cls.baseline(), "optimized": cls.optimized()}
+        presets.update({step.name: step for step in ABLATION_LADDER})
+        presets.update({step.name: step for step in leave_one_out()})
+        if name not in presets:
+            raise ValueError(f"unknown configuration {name!r}: allowed {sorted(presets)}")
+        return presets[name]
+
+
+def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
+    """True when torch.autocast runs `dtype` on `device_type` (it warns and disables otherwise)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                pass
+        except (RuntimeError, AssertionError):
+            return False
+    return not any("autocast" in str(w.message).lower() for w in caught)
+
+
+# Table III: each step adds one component to the previous one. ZeRO-2 is the last rung
+# (the paper lists it in the optimized configuration but not in its ablation table).
+def _ladder() -> list[OptimizationConfig]:
+    base = OptimizationConfig.baseline()
+    accumulation = base.replace(name="+accumulation", k=4)
+    mixed = accumulation.replace(name="+mixed_precision", precision="fp16")
+    schedule = mixed.replace(
+        name="+lr_schedule", schedule="cosine", warmup_fraction=0.05, min_lr_ratio=0.1,
+        lr_scaling=True, clip_norm=1.0,
+    )
+    checkpoint = schedule.replace(name="+checkpointing", checkpointing="sqrt")
+    zero = checkpoint.replace(name="+zero2", zero_stage=2)
+    return [base, accumulation, mixed, schedule, checkpoint, zero]
+
+
+ABLATION_LADDER: tuple[OptimizationConfig, ...] = tuple(_ladder())
+
+# Components of the optimized configuration that leave-one-out removes one at a time,
+# each given as the fields that switch it back to the baseline's value.
+COMPONENTS: dict[str, dict] = {
+    "adaptive_accumulation": dict(adaptive=False, k=1, k_min=1, k_max=1),
+    "mixed_precision": dict(precision="fp32"),
+    "lr_schedule": dict(schedule="constant", warmup_fraction=0.0, lr_scaling=False, clip_norm=None),
+    "checkpointing": dict(checkpointing=None),
+    "zero2": dict(zero_stage=0),
+}
+
+
+def leave_one_out() -> list[OptimizationConfig]:
+    optimized = OptimizationConfig.optimized()
+    return [optimized.replace(name=f"-{component}", **fields) for component, fields in COMPONENTS.items()]
+
+
+def with_precision(config: OptimizationConfig, precision: str) -> OptimizationConfig:
+    """The same configuration at another precision (a profile may use bf16 on CPU; tables say so)."""
+    if config.precision == "fp32":
+        return config
+    return config.replace(precision=precision)

@@ -1,0 +1,269 @@
+"""`prepare()`: the components of paper §III composed for an existing training loop.
+
+    engine = trainopt_core.prepare(model, optimizer, config,
+                                   total_samples=epochs * len(train_set), micro_batch_size=32)
+    for x, y in batches:
+        with engine.autocast():
+            loss = F.cross_entropy(model(x), y)
+        engine.backward(loss, num_items=len(y))
+        engine.step()          # steps only at the accumulation boundary; returns whether it did
+
+The loss handed to `backward` is a mean over its `num_items` items (images, or non-padding
+tokens). The engine weights each micro-batch by its item count so the step's gradient is the
+mean over *all items of the effective batch* (eq. 4 with unequal micro-batches), not a mean
+of per-micro-batch means.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from . import precision as mp
+from .accumulation import GradientNoiseMonitor, NoiseEstimate, choose_k
+from .config import OptimizationConfig
+from .schedule import LRSchedule, clip_gradients, remember_base_lrs, set_lr
+
+
+class TrainingEngine:
+    """Gradient accumulation, LR schedule, clipping and mixed precision around a user's loop."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: OptimizationConfig,
+        *,
+        total_samples: int,
+        micro_batch_size: int,
+        device: torch.device | str | None = None,
+        world_size: int = 1,
+    ):
+        if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size={micro_batch_size!r} is invalid: allowed an integer >= 1")
+        if not isinstance(total_samples, int) or total_samples < 1:
+            raise ValueError(f"total_samples={total_samples!r} is invalid: allowed an integer >= 1")
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.world_size = world_size
+        config.validate_for_run(device=self.device, world_size=world_size)
+        self.micro_batch_size = micro_batch_size
+        self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
+
+        base_batch = config.base_batch_size or micro_batch_size * max(config.k_min if config.adaptive else config.k, 1) * world_size
+        self.schedule = LRSchedule(
+            total_samples=total_samples,
+            kind=config.schedule,
+            warmup_fraction=config.warmup_fraction,
+            min_lr_ratio=config.min_lr_ratio,
+            lr_scaling=config.lr_scaling,
+            base_batch_size=base_batch,
+        )
+        self.base_lrs = remember_base_lrs(optimizer)
+        self.scaler = mp.make_grad_scaler(self.device, config)
+        self.monitor = GradientNoiseMonitor(self.parameters, ema=config.ema) if config.adaptive else None
+
+        self.k = config.k
+        self.samples_consumed = 0
+        self.optimizer_steps = 0
+        self.skipped_steps = 0
+        self.effective_batch_size = micro_batch_size * self.k * world_size
+        self._micro_index = 0
+        self._step_items = 0.0
+        self._step_samples = 0
+        self._expected_items = 0.0
+        self._grad_norm: torch.Tensor | None = None
+        self._loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
+        # the LR the first step will use, so `engine.lr` is meaningful before any step
+        self._apply_lr(micro_batch_size * self.k * world_size, self.effective_batch_size)
+
+    # ------------------------------------------------------------------ loop API
+    @property
+    def is_accumulation_boundary(self) -> bool:
+        """True when the next backward completes the effective batch."""
+        return self._micro_index + 1 >= self.k
+
+    def autocast(self):
+        """Context for the forward pass: autocast in the configured precision, and -- under DDP --
+        gradient all-reduce only on the micro-batch that completes the effective batch."""
+        if hasattr(self.model, "require_backward_grad_sync"):
+            # DistributedDataParallel decides at forward time whether backward all-reduces.
+            self.model.require_backward_grad_sync = self.is_accumulation_boundary
+        return mp.autocast(self.device, self.config.precision)
+
+    def backward(self, loss: torch.Tensor, num_items: float | None = None, *, num_samples: int | None = None) -> None:
+        """Backward of one micro-batch.
+
+        `loss` is the mean over `num_items` items (default: micro_batch_size); `num_samples`
+        (default: micro_batch_size) counts samples for the schedule's progress and eq. 11.
+        """
+        items = float(num_items if num_items is not None else self.micro_batch_size)
+        if not items > 0:
+            raise ValueError(f"num_items={num_items!r} is invalid: allowed a number > 0")
+        if self._micro_index == 0:
+            self._expected_items = items * self.k
+        # Eq. 4 with item weighting: grad of Σ_j (n_j / E) · mean_loss_j, corrected to 1/Σ n_j at
+        # the boundary when the micro-batches were not all of the first one's size.
+        factor = items / self._expected_items
+        if self.monitor is not None:
+            self.monitor.begin_micro_batch(self.device, 1.0 / (factor * self._loss_scale), items)
+        scaled = loss * factor
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+        self._micro_index += 1
+        self._step_items += items
+        self._step_samples += int(num_samples if num_samples is not None else self.micro_batch_size)
+
+    def step(self) -> bool:
+        """At the accumulation boundary: unscale → clip → optimizer step → LR update → zero_grad →
+        choose the next k. Returns whether the optimizer stepped (False between boundaries and
+        for fp16 steps skipped because of inf/nan gradients)."""
+        if self._micro_index < self.k:
+            return False
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        if self._step_items != self._expected_items and grads:
+            torch._foreach_mul_(grads, self._expected_items / self._step_items)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        self._grad_norm = clip_gradients(self.parameters, self.config.clip_norm)  # eq. 12, unscaled
+
+        step_samples = self._step_samples * self.world_size
+        self.effective_batch_size = step_samples
+        self._apply_lr(self.samples_consumed + step_samples, step_samples)
+        stepped = True
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            new_scale = float(self.scaler.get_scale())
+            stepped = new_scale >= self._loss_scale  # GradScaler backs off exactly when it skips
+            self._loss_scale = new_scale
+        else:
+            self.optimizer.step()
+        if not stepped:
+            self.skipped_steps += 1
+        if self.monitor is not None:
+            self._update_k()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.samples_consumed += step_samples
+        self.optimizer_steps += 1
+        self._micro_index = 0
+        self._step_items = 0.0
+        self._step_samples = 0
+        return stepped
+
+    # ------------------------------------------------------------------ internals
+    def _apply_lr(self, samples_after_step: float, effective_batch_size: int) -> None:
+        self._lr_multiplier = self.schedule.lr_multiplier(samples_after_step, effective_batch_size)
+        set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
+
+    def gather_micro_norms(self, local: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        """All replicas' micro-batch norms (one process: the local ones)."""
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            gathered: list = [None] * self.world_size
+            torch.distributed.all_gather_object(gathered, local)
+            return [pair for rank_pairs in gathered for pair in rank_pairs]
+        return local
+
+    def _update_k(self) -> None:
+        # The hooked norms are per-process; the accumulated gradient is the global mean after the
+        # boundary all-reduce, so replicas add draws to eq. 7's sample of micro-batch gradients.
+        micro = self.gather_micro_norms(self.monitor.micro_norms())
+        grad_sq = float(self._grad_norm) ** 2
+        estimate = self.monitor.finish_step(grad_sq, micro)
+        if estimate is None:
+            return
+        self.k = choose_k(
+            estimate,
+            sigma_target=self.config.sigma_target,
+            mode=self.config.sigma_target_mode,
+            k_min=self.config.k_min,
+            k_max=self.config.k_max,
+        )
+
+    # ------------------------------------------------------------------ state
+    @property
+    def lr(self) -> float:
+        """The LR (of the first parameter group) used by the latest step."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    @property
+    def loss_scale(self) -> float:
+        return self._loss_scale
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """Pre-clip global norm of the last step's unscaled gradient."""
+        return None if self._grad_norm is None else float(self._grad_norm)
+
+    @property
+    def noise(self) -> NoiseEstimate | None:
+        """EMA-smoothed gradient-noise estimate (adaptive accumulation only)."""
+        return None if self.monitor is None else self.monitor.smoothed
+
+    @property
+    def b_simple(self) -> float | None:
+        return None if self.noise is None else self.noise.b_simple
+
+    def stats(self) -> dict:
+        """What a run record logs per step."""
+        noise = self.noise
+        return {
+            "lr": self.lr,
+            "k": self.k,
+            "effective_batch_size": self.effective_batch_size,
+            "loss_scale": self.loss_scale,
+            "skipped_steps": self.skipped_steps,
+            "grad_norm": self.last_grad_norm,
+            "sigma_sq": None if noise is None else noise.sigma_sq,
+            "grad_sq": None if noise is None else noise.grad_sq,
+            "b_simple": None if noise is None or math.isinf(noise.b_simple) else noise.b_simple,
+            "samples_consumed": self.samples_consumed,
+        }
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.remove()
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def prepare(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: OptimizationConfig,
+    *,
+    total_samples: int,
+    micro_batch_size: int,
+    device: torch.device | str | None = None,
+    world_size: int | None = None,
+    checkpoint_model: torch.nn.Module | None = None,
+) -> TrainingEngine:
+    """Wrap an existing model and optimizer in the configured optimizations.
+
+    Applies √L activation checkpointing to `checkpoint_model` (default: `model`, or its
+    `.module` when `model` is DDP-wrapped) when `config.checkpointing` is set. `world_size`
+    defaults to torch.distributed's when a process group is initialized.
+    """
+    if not isinstance(config, OptimizationConfig):
+        raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
+    if world_size is None:
+        dist = torch.distributed
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if config.checkpointing is not None:
+        from .checkpointing import apply_activation_checkpointing
+
+        target = checkpoint_model if checkpoint_model is not None else getattr(model, "module", model)
+        apply_activation_checkpointing(target, segments=config.checkpointing)
+    return TrainingEngine(
+        model, optimizer, config,
+        total_samples=total_samples, micro_batch_size=micro_batch_size,
+        device=device, world_size=world_size,
+    )
