@@ -4,8 +4,8 @@ import sys
 import pytest
 import torch
 
-# Tests share 2 cores with each other's subprocesses; keep intra-op threads modest.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One intra-op thread: tests start subprocesses (ranks, notebooks) that share the 2 cores.
+torch.set_num_threads(1)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
