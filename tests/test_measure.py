@@ -1,0 +1,314 @@
+import importlib.metadata
+import json
+import math
+import socket
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainopt_core import measure
+from trainopt_core.measure_memory import MemoryTracker, PeakMemory
+
+
+# ----------------------------------------------------------------------------- time-to-target
+TIMES = [0.0, 10.0, 20.0, 30.0]
+
+
+def test_time_to_target_interpolates_between_the_bracketing_evaluations():
+    accuracy = [0.1, 0.5, 0.8, 0.9]
+    assert measure.time_to_target(TIMES, accuracy, 0.7) == pytest.approx(10 + 10 * (0.2 / 0.3))
+
+
+def test_time_to_target_returns_the_evaluation_time_on_an_exact_hit():
+    assert measure.time_to_target(TIMES, [0.1, 0.5, 0.8, 0.9], 0.8) == 20.0
+
+
+def test_time_to_target_is_none_when_never_reached():
+    assert measure.time_to_target(TIMES, [0.1, 0.5, 0.8, 0.9], 0.95) is None
+
+
+def test_time_to_target_for_perplexity_crosses_downwards():
+    perplexity = [900.0, 300.0, 100.0, 50.0]
+    assert measure.time_to_target(TIMES, perplexity, 200.0, higher_is_better=False) == pytest.approx(15.0)
+    assert measure.time_to_target(TIMES, perplexity, 10.0, higher_is_better=False) is None
+
+
+def test_time_to_target_met_at_the_first_evaluation_and_skips_diverged_values():
+    assert measure.time_to_target([5.0, 10.0], [0.9, 0.95], 0.5) == 5.0
+    assert measure.time_to_target(TIMES, [float("nan"), float("nan"), 0.9, 0.95], 0.5) == 20.0
+
+
+def test_time_to_target_rejects_mismatched_histories():
+    with pytest.raises(ValueError, match="history_quality"):
+        measure.time_to_target([0.0, 1.0], [0.5], 0.4)
+    with pytest.raises(ValueError, match="history_times_s"):
+        measure.time_to_target([2.0, 1.0], [0.1, 0.5], 0.4)
+
+
+# ----------------------------------------------------------------------------- throughput
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_throughput_excludes_warmup_steps_and_time_outside_steps():
+    clock = FakeClock()
+    meter = measure.ThroughputMeter(warmup_steps=2, clock=clock)
+    for duration_s in (5.0, 4.0, 1.0, 1.0, 2.0):
+        with meter.step(num_items=32):
+            clock.now += duration_s
+        clock.now += 50.0  # evaluation between steps: never counted
+    assert meter.items_per_s() == pytest.approx(3 * 32 / 4.0)
+    assert meter.training_time_s == pytest.approx(13.0)
+    assert meter.steps == 5 and meter.training_items == 5 * 32
+
+
+def test_throughput_is_none_until_a_step_past_warmup():
+    meter = measure.ThroughputMeter(warmup_steps=1)
+    meter.add_step(10, 1.0)
+    assert meter.items_per_s() is None
+    meter.add_step(10, 0.5)
+    assert meter.items_per_s() == pytest.approx(20.0)
+
+
+def test_timer_measures_with_the_injected_clock():
+    clock = FakeClock()
+    with measure.Timer(clock=clock) as timer:
+        clock.now += 2.5
+    assert timer.elapsed_s == 2.5
+    assert measure.elapsed_s(clock.now - 1.0, "cpu", clock=clock) == 1.0
+
+
+# ----------------------------------------------------------------------------- memory
+def _mlp_step(model, optimizer, x, y):
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def _mlp():
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+    return model, torch.optim.AdamW(model.parameters()), torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+
+def test_memory_tracker_matches_the_analytic_count_for_an_mlp_with_adamw():
+    model, optimizer, x, y = _mlp()
+    _mlp_step(model, optimizer, x, y)  # creates the optimizer state
+    with MemoryTracker(model, optimizer) as tracker:
+        _mlp_step(model, optimizer, x, y)
+    numel = sum(p.numel() for p in model.parameters())
+    params_bytes = 4 * numel
+    state_bytes = 2 * 4 * numel + 4 * len(list(model.parameters()))  # exp_avg, exp_avg_sq + fp32 step counters
+    at_peak = tracker.breakdown_at_peak
+    assert at_peak["parameters"] == params_bytes
+    assert at_peak["gradients"] == params_bytes
+    assert at_peak["optimizer_state"] == state_bytes
+    assert tracker.source == "cpu_live_tensor_tracker"
+    assert tracker.peak_bytes == tracker.tracked_peak_bytes == sum(at_peak.values())
+    assert tracker.peak_bytes >= params_bytes * 2 + state_bytes
+    # Autograd saves the input (first matmul), the ReLU output (ReLU's backward and the second
+    # matmul), the log-softmax output and the targets (cross-entropy); nll_loss adds a 4-byte scalar.
+    saved_bytes = x.numel() * 4 + 64 * 512 * 4 + 64 * 10 * 4 + y.numel() * 8
+    assert tracker.max_bytes_by_category["activations"] == pytest.approx(saved_bytes, abs=16)
+
+
+def test_memory_tracker_classifies_state_created_by_the_first_step_as_optimizer_state():
+    model, optimizer, x, y = _mlp()
+    with MemoryTracker(model, optimizer) as tracker:
+        _mlp_step(model, optimizer, x, y)
+    numel = sum(p.numel() for p in model.parameters())
+    # the peak is inside the first step, after the moments exist (step counters are built
+    # from Python numbers, which the tracker sees only at the end)
+    assert tracker.breakdown_at_peak["optimizer_state"] >= 2 * 4 * numel
+    assert tracker.breakdown_at_peak["gradients"] == 4 * numel
+
+
+def test_memory_tracker_counts_frees_and_shares_views():
+    with MemoryTracker() as tracker:
+        a = torch.ones(1000)          # 4000 bytes
+        view = a.view(10, 100)[::2]   # a view: no new memory
+        b = a * 2                     # 4000 more
+        del b                         # freed
+        c = view + 1                  # 5 x 100 x 4 = 2000
+        live_at_end = tracker.current_bytes
+    assert live_at_end == 4000 + 2000
+    assert tracker.peak_bytes == 8000
+    del a, c
+
+
+def test_memory_tracker_releases_activations_after_backward():
+    model, optimizer, x, y = _mlp()
+    _mlp_step(model, optimizer, x, y)
+    with MemoryTracker(model, optimizer) as tracker:
+        loss = _mlp_step(model, optimizer, x, y)
+        end_bytes = tracker.current_bytes
+    numel = sum(p.numel() for p in model.parameters())
+    persistent = 4 * numel * 4 + 4 * len(list(model.parameters()))  # params, grads, two moments, steps
+    # only the batch (saved for backward, still held by the test) and the scalar loss remain
+    assert end_bytes == persistent + x.numel() * 4 + y.numel() * 8 + loss.numel() * 4
+
+
+def test_checkpointing_reduces_the_activations_the_tracker_sees():
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(128, 128), nn.Tanh()) for _ in range(4)])
+    x = torch.randn(32, 128)
+
+    def saved_activation_bytes(use_checkpoint: bool) -> int:
+        with MemoryTracker(blocks) as tracker:
+            h = x
+            for block in blocks:
+                h = checkpoint(block, h, use_reentrant=False) if use_checkpoint else block(h)
+            h.sum().backward()
+        blocks.zero_grad(set_to_none=True)
+        return tracker.max_bytes_by_category["activations"]
+
+    plain, checkpointed = saved_activation_bytes(False), saved_activation_bytes(True)
+    row_bytes = 32 * 128 * 4
+    assert plain == row_bytes * (1 + 4)    # input and each Tanh output (Tanh saves its result)
+    assert checkpointed == row_bytes * 4   # only each checkpointed block's input is kept
+
+
+def test_peak_memory_on_cpu_reports_the_tracked_step_and_its_breakdown():
+    model, optimizer, x, y = _mlp()
+    memory = PeakMemory("cpu")
+    assert memory.peak_bytes() is None and memory.source == "cpu_live_tensor_tracker"
+    with memory.track_step(model, optimizer) as tracker:
+        _mlp_step(model, optimizer, x, y)
+    memory.add_tracked(tracker)
+    assert memory.peak_bytes() == tracker.peak_bytes > 0
+    assert memory.breakdown() == tracker.breakdown_at_peak
+    assert memory.peak_reserved_bytes() is None
+
+
+# ----------------------------------------------------------------------------- energy
+def test_energy_is_none_with_a_reason_when_no_rapl_counters(tmp_path):
+    meter = measure.EnergyMeter("cpu", rapl_root=str(tmp_path))
+    with meter:
+        pass
+    assert meter.energy_j is None
+    assert meter.energy_source.startswith("unavailable:") and "RAPL" in meter.energy_source
+
+
+def test_energy_on_cuda_without_nvml_is_none_with_a_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml now fails
+    energy_j, source = measure.EnergyMeter("cuda").start().stop()
+    assert energy_j is None and source.startswith("unavailable:") and "nvidia-ml-py" in source
+
+
+def _write_rapl(root, energy_uj):
+    domain = root / "intel-rapl:0"
+    domain.mkdir(exist_ok=True)
+    (domain / "name").write_text("package-0\n")
+    (domain / "max_energy_range_uj").write_text("1000000000\n")
+    (domain / "energy_uj").write_text(f"{energy_uj}\n")
+    sub = root / "intel-rapl:0:0"  # a sub-domain (core): part of the package, never added
+    sub.mkdir(exist_ok=True)
+    (sub / "name").write_text("core\n")
+    (sub / "max_energy_range_uj").write_text("1000000000\n")
+    (sub / "energy_uj").write_text("5\n")
+
+
+def test_rapl_energy_reads_package_counters_and_handles_wraparound(tmp_path):
+    _write_rapl(tmp_path, 999_000_000)  # 1 J below the wrap point
+    meter = measure.EnergyMeter("cpu", rapl_root=str(tmp_path)).start()
+    _write_rapl(tmp_path, 2_000_000)    # wrapped, then 2 J more
+    energy_j, source = meter.stop()
+    assert energy_j == pytest.approx(3.0)
+    assert source.startswith("rapl:") and "package-0" in source and "core" not in source
+
+
+# ----------------------------------------------------------------------------- FLOPs
+def test_matmul_probe_returns_a_positive_rate_quickly():
+    start = time.perf_counter()
+    flops_per_s, source = measure.matmul_probe_flops("cpu", "fp32", max_size=256, min_time_s=0.05)
+    assert flops_per_s > 1e6
+    assert source.startswith("measured: matmul probe 256x256 torch.float32")
+    assert time.perf_counter() - start < 5.0
+
+
+def test_datasheet_peaks_for_known_gpus_and_none_for_unknown():
+    flops, source = measure.datasheet_peak_flops("NVIDIA H100 80GB HBM3", "bf16")
+    assert flops == 989.4e12 and source == "datasheet: NVIDIA H100 SXM bf16 dense"
+    assert measure.datasheet_peak_flops("NVIDIA GeForce RTX 3090", torch.float16)[0] == 71e12
+    assert measure.datasheet_peak_flops("NVIDIA A100-SXM4-40GB", "fp32")[0] == 19.5e12
+    assert measure.datasheet_peak_flops("NVIDIA A10G", "bf16") is None   # not an A10
+    assert measure.datasheet_peak_flops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 on V100
+    with pytest.raises(ValueError, match="precision"):
+        measure.datasheet_peak_flops("NVIDIA L4", "int8")
+
+
+def test_flops_utilization_is_achieved_over_peak():
+    assert measure.flops_utilization(6e9, 1000.0, 12e12) == pytest.approx(0.5)
+    assert measure.flops_utilization(6e9, None, 12e12) is None
+    with pytest.raises(ValueError, match="peak_flops_per_s"):
+        measure.flops_utilization(6e9, 10.0, 0.0)
+
+
+# ----------------------------------------------------------------------------- manifest
+def test_run_manifest_records_hardware_versions_and_git_but_no_host_name():
+    manifest = measure.run_manifest(profile="smoke", device="cpu", seed=3)
+    assert manifest["profile"] == "smoke" and manifest["seed"] == 3
+    assert manifest["hardware"]["cpu_logical_cores"] >= 1
+    assert manifest["libraries"]["torch"] == importlib.metadata.version("torch")
+    assert set(manifest["git"]) == {"commit", "dirty"}
+    assert manifest["date_utc"].endswith("+00:00")
+    text = json.dumps(manifest)
+    assert "hostname" not in text
+    host = socket.gethostname()
+    if len(host) > 4:
+        assert host not in text
+
+
+# ----------------------------------------------------------------------------- cost (eq. 3)
+BASELINE = {"time_to_target_s": 100.0, "peak_memory_bytes": 1000, "energy_j": 50.0}
+
+
+def test_cost_of_the_baseline_is_one_and_lower_resources_cost_less():
+    assert measure.cost(100.0, 1000, 50.0, baseline=BASELINE)["cost"] == pytest.approx(1.0)
+    result = measure.cost(50.0, 500, 25.0, baseline=BASELINE, weights=(2, 1, 1))
+    assert result["cost"] == pytest.approx(0.5)
+    assert result["energy_included"] and result["note"] is None
+
+
+def test_cost_drops_energy_and_renormalizes_weights_without_a_reading():
+    result = measure.cost(50.0, 1000, None, baseline=BASELINE, weights=(1, 1, 2))
+    assert not result["energy_included"]
+    assert result["weights"] == {"time": 0.5, "memory": 0.5, "energy": 0.0}
+    assert result["cost"] == pytest.approx(0.5 * 0.5 + 0.5 * 1.0)
+    assert "energy term dropped" in result["note"]
+
+
+def test_cheapest_config_respects_quality_and_memory_budget():
+    records = [
+        {"config_name": "baseline", "metrics": {**BASELINE, "final_quality": 0.86}},
+        {"config_name": "fast_but_bad", "metrics": {"time_to_target_s": 10.0, "peak_memory_bytes": 100, "energy_j": 5.0, "final_quality": 0.70}},
+        {"config_name": "big", "metrics": {"time_to_target_s": 20.0, "peak_memory_bytes": 1500, "energy_j": 10.0, "final_quality": 0.86}},
+        {"config_name": "good", "metrics": {"time_to_target_s": 60.0, "peak_memory_bytes": 800, "energy_j": 40.0, "final_quality": 0.85}},
+    ]
+    quality_ok = lambda r: r["metrics"]["final_quality"] >= 0.85  # noqa: E731
+    # costs (equal weights): good (0.6 + 0.8 + 0.8) / 3, big (0.2 + 1.5 + 0.2) / 3, baseline 1
+    best = measure.cheapest_config(records, quality_ok, memory_budget_bytes=1200)
+    assert best["record"]["config_name"] == "good"
+    assert [name for name, _ in best["ranking"]] == ["good", "baseline"]
+    assert measure.cheapest_config(records, quality_ok, memory_budget_bytes=5000)["record"]["config_name"] == "big"
+    assert measure.cheapest_config(records, quality_ok, memory_budget_bytes=10) is None
+
+
+def test_cheapest_config_leaves_energy_out_unless_every_record_has_it():
+    records = [
+        {"name": "baseline", **BASELINE},
+        {"name": "frugal", "time_to_target_s": 100.0, "peak_memory_bytes": 1000, "energy_j": None},
+    ]
+    best = measure.cheapest_config(records, lambda r: True)
+    assert not best["cost"]["energy_included"]
+    assert math.isclose(best["cost"]["cost"], 1.0)

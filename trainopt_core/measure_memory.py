@@ -1,0 +1,310 @@
+"""Peak memory of a training step, with a breakdown by what the memory holds (SPEC §4).
+
+CUDA: the caching allocator's `max_memory_allocated` (and `max_memory_reserved`) is the peak.
+Any device (the only source on CPU): a live-tensor tracker. A `TorchDispatchMode` sees every
+tensor an operator returns (forward, backward and optimizer ops alike); each new storage is
+counted from the op that creates it until Python's weak reference to it reports it freed
+(storages keep one Python object for their whole life, so the reference dies with the memory).
+At the peak the live storages are sorted into:
+
+- parameters / buffers: the model's (and the optimizer's) parameters and buffers;
+- gradients: the `.grad` of those parameters (tagged by post-accumulate-grad hooks);
+- optimizer_state: tensors in `optimizer.state` (Adam moments, step counters);
+- activations: storages autograd saves for backward (tagged by a `saved_tensors_hooks` pack
+  hook; this includes the inputs a non-reentrant checkpoint keeps for recomputation, while
+  activations recomputed during backward count as temporaries);
+- temporaries: everything else (outputs awaiting use, backward buffers, optimizer scratch).
+
+Memory that exists before the step and is only read by it (a data set tensor a batch is sliced
+from) is not counted unless autograd saves it; allocations inside a kernel that never surface
+as an op's output, and `UntypedStorage.resize_` called directly, are not seen.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from functools import partial
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries")
+# A storage keeps its strongest role: a weight that autograd saves for backward stays a parameter.
+_RANK = {"parameters": 5, "buffers": 4, "optimizer_state": 3, "gradients": 2, "activations": 1, "temporaries": 0}
+
+SOURCE_CUDA = "cuda_max_memory_allocated"
+SOURCE_TRACKER = "cpu_live_tensor_tracker"
+BREAKDOWN_SOURCE = "live_tensor_tracker"
+
+
+class _Storage:
+    __slots__ = ("nbytes", "category")
+
+    def __init__(self, nbytes: int, category: str):
+        self.nbytes = nbytes
+        self.category = category
+
+
+def _storage_of(value):
+    """The untyped storage behind a plain dense tensor, or None (meta, sparse, subclasses...)."""
+    if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+        return None
+    try:
+        return value.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+class _StorageMode(TorchDispatchMode):
+    def __init__(self, tracker: "MemoryTracker"):
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.tracker._after_op((args, kwargs), out)
+        return out
+
+
+class MemoryTracker:
+    """Peak memory of the code run inside it (one training step), with a breakdown.
+
+        with MemoryTracker(model, optimizer) as tracker:
+            loss_fn(model(x), y).backward(); optimizer.step()
+        tracker.peak_bytes, tracker.breakdown_at_peak, tracker.source
+
+    Attributes after exit: `peak_bytes` (CUDA allocator peak on CUDA, tracker peak elsewhere),
+    `peak_reserved_bytes` (CUDA only, else None), `tracked_peak_bytes`, `breakdown_at_peak`
+    (category -> bytes; sums to `tracked_peak_bytes`), `max_bytes_by_category` (each category's
+    own maximum during the step: e.g. all saved activations at the end of the forward pass),
+    `source` and `breakdown_source`. On CUDA the allocator's peak statistics are reset on entry
+    (`reset_cuda_peak=False` leaves them alone).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 device: torch.device | str | None = None, *, reset_cuda_peak: bool = True):
+        if device is None:
+            first = next(iter(model.parameters()), None) if model is not None else None
+            device = first.device if first is not None else torch.device("cpu")
+        self.device = torch.device(device)
+        self.model = model
+        self.optimizer = optimizer
+        self.reset_cuda_peak = reset_cuda_peak
+        self.source = SOURCE_CUDA if self.device.type == "cuda" else SOURCE_TRACKER
+        self.breakdown_source = BREAKDOWN_SOURCE
+        self.peak_bytes: int | None = None
+        self.peak_reserved_bytes: int | None = None
+        self.cuda_peak_before_bytes: int | None = None  # allocator peak before this tracker reset it
+        self.tracked_peak_bytes = 0
+        self.current_bytes = 0
+        self.breakdown_at_peak: dict[str, int] = {}
+        self.max_bytes_by_category: dict[str, int] = {c: 0 for c in CATEGORIES}
+        self._bytes_by_category = {c: 0 for c in CATEGORIES}
+        self._records: dict[int, _Storage] = {}
+        self._weakrefs: dict[int, weakref.ref] = {}
+        self._peak_records: list[_Storage] = []
+        self._lock = threading.RLock()
+        self._open = False
+        self._handles: list = []
+        self._contexts: list = []
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _track(self, storage, category: str) -> _Storage | None:
+        key = id(storage)
+        record = self._records.get(key)
+        if record is None:
+            nbytes = storage.nbytes()
+            if nbytes == 0:
+                return None
+            record = _Storage(nbytes, category)
+            self._records[key] = record
+            self._weakrefs[key] = weakref.ref(storage, partial(self._on_free, key))
+            self._add(record.category, nbytes)
+        elif _RANK[category] > _RANK[record.category]:
+            self._add(record.category, -record.nbytes)
+            record.category = category
+            self._add(category, record.nbytes)
+        return record
+
+    def _add(self, category: str, nbytes: int) -> None:
+        self._bytes_by_category[category] += nbytes
+        self.current_bytes += nbytes
+        if self._bytes_by_category[category] > self.max_bytes_by_category[category]:
+            self.max_bytes_by_category[category] = self._bytes_by_category[category]
+
+    def _on_free(self, key: int, _ref) -> None:
+        with self._lock:
+            if not self._open:
+                return
+            record = self._records.pop(key, None)
+            self._weakrefs.pop(key, None)
+            if record is not None:
+                self._add(record.category, -record.nbytes)
+
+    def _note_peak(self) -> None:
+        if self.current_bytes > self.tracked_peak_bytes:
+            self.tracked_peak_bytes = self.current_bytes
+            # Keep the records (not just the sums) so that roles assigned later in the step
+            # (optimizer state created by the first step) still classify the peak correctly.
+            self._peak_records = list(self._records.values())
+
+    def _tag(self, tensors, category: str) -> None:
+        for tensor in tensors:
+            storage = _storage_of(tensor)
+            if storage is not None:
+                self._track(storage, category)
+
+    def _tag_state(self) -> None:
+        if self.model is not None:
+            self._tag(self.model.parameters(), "parameters")
+            self._tag(self.model.buffers(), "buffers")
+        for parameter in self._parameters():
+            self._tag([parameter], "parameters")
+            if parameter.grad is not None:
+                self._tag([parameter.grad], "gradients")
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                self._tag([v for v in state.values() if isinstance(v, torch.Tensor)], "optimizer_state")
+
+    def _parameters(self) -> list[torch.Tensor]:
+        params = list(self.model.parameters()) if self.model is not None else []
+        if self.optimizer is not None:
+            params += [p for group in self.optimizer.param_groups for p in group["params"]]
+        unique = {id(p): p for p in params}
+        return list(unique.values())
+
+    # ------------------------------------------------------------------ hooks
+    def _after_op(self, inputs, outputs) -> None:
+        with self._lock:
+            input_storages = {id(s) for s in map(_storage_of, tree_leaves(inputs)) if s is not None}
+            for value in tree_leaves(outputs):
+                storage = _storage_of(value)
+                if storage is None:
+                    continue
+                record = self._records.get(id(storage))
+                if record is not None:
+                    if storage.nbytes() != record.nbytes:  # an out= op resized a tracked storage
+                        self._add(record.category, storage.nbytes() - record.nbytes)
+                        record.nbytes = storage.nbytes()
+                elif id(storage) not in input_storages:
+                    # a storage an op created (views and in-place results alias an input's storage)
+                    self._track(storage, "temporaries")
+            self._note_peak()
+
+    def _pack(self, tensor):
+        with self._lock:
+            storage = _storage_of(tensor)
+            if storage is not None:
+                self._track(storage, "activations")
+                self._note_peak()
+        return tensor
+
+    def _grad_ready(self, parameter) -> None:
+        with self._lock:
+            if parameter.grad is not None:
+                self._tag([parameter.grad], "gradients")
+
+    def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        with self._lock:
+            self._tag_state()
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> "MemoryTracker":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.cuda_peak_before_bytes = torch.cuda.max_memory_allocated(self.device)
+            if self.reset_cuda_peak:
+                torch.cuda.reset_peak_memory_stats(self.device)
+        with self._lock:
+            self._open = True
+            self._tag_state()
+            self._note_peak()
+        for parameter in self._parameters():
+            if parameter.requires_grad:
+                self._handles.append(parameter.register_post_accumulate_grad_hook(self._grad_ready))
+        if self.optimizer is not None:
+            self._handles.append(self.optimizer.register_step_post_hook(self._optimizer_stepped))
+        self._contexts = [torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor),
+                          _StorageMode(self)]
+        for context in self._contexts:
+            context.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for context in reversed(self._contexts):
+            context.__exit__(exc_type, exc, tb)
+        self._contexts = []
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        with self._lock:
+            self._tag_state()  # roles known only at the end (state created by the first step)
+            self._open = False
+            self.breakdown_at_peak = {c: 0 for c in CATEGORIES}
+            for record in self._peak_records:
+                self.breakdown_at_peak[record.category] += record.nbytes
+            self._records.clear()
+            self._weakrefs.clear()
+            self._peak_records = []
+        self.peak_bytes = self.tracked_peak_bytes
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
+
+    def to_dict(self) -> dict:
+        return dict(
+            peak_bytes=self.peak_bytes, peak_reserved_bytes=self.peak_reserved_bytes, source=self.source,
+            tracked_peak_bytes=self.tracked_peak_bytes, breakdown_at_peak=dict(self.breakdown_at_peak),
+            max_bytes_by_category=dict(self.max_bytes_by_category), breakdown_source=self.breakdown_source,
+        )
+
+
+class PeakMemory:
+    """Peak memory over a whole run: what the runner reports as "peak memory".
+
+    CUDA: `max_memory_allocated` since construction (folded across the resets that tracked
+    steps do). CPU: the largest peak of the steps measured with `track_step` (a live-tensor
+    tracker wraps only those steps; it is too slow for every step). The breakdown is the
+    tracker's breakdown at the peak of the tracked step with the highest peak.
+    """
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.source = SOURCE_CUDA if self.device.type == "cuda" else SOURCE_TRACKER
+        self.tracks_live_tensors = True
+        self._tracked: list[MemoryTracker] = []
+        self._cuda_peak_bytes = 0
+        self._cuda_reserved_bytes = 0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def track_step(self, model=None, optimizer=None) -> MemoryTracker:
+        """A `MemoryTracker` for one step; hand it to `add_tracked` after its exit."""
+        return MemoryTracker(model, optimizer, self.device)
+
+    def add_tracked(self, tracker: MemoryTracker) -> None:
+        if tracker.peak_bytes is None:
+            raise ValueError("tracker has not finished: add_tracked(tracker) needs a tracker after its `with` block")
+        self._tracked.append(tracker)
+        if self.device.type == "cuda":
+            self._cuda_peak_bytes = max(self._cuda_peak_bytes, tracker.cuda_peak_before_bytes or 0, tracker.peak_bytes)
+            self._cuda_reserved_bytes = max(self._cuda_reserved_bytes, tracker.peak_reserved_bytes or 0)
+
+    def peak_bytes(self) -> int | None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return max(self._cuda_peak_bytes, torch.cuda.max_memory_allocated(self.device))
+        return max((t.peak_bytes for t in self._tracked), default=None)
+
+    def peak_reserved_bytes(self) -> int | None:
+        if self.device.type != "cuda":
+            return None
+        return max(self._cuda_reserved_bytes, torch.cuda.max_memory_reserved(self.device))
+
+    def breakdown(self) -> dict[str, int] | None:
+        if not self._tracked:
+            return None
+        return dict(max(self._tracked, key=lambda t: t.tracked_peak_bytes).breakdown_at_peak)
