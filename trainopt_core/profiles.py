@@ -1,0 +1,106 @@
+"""Profiles (SPEC §5): how big and how long each task runs, as data.
+
+`paper` is the paper's setup (§IV). `quick` and `smoke` keep the same model families and the
+same structure (16 bottleneck blocks; GPT-2 blocks; micro-batch = baseline batch ÷ 4, k ∈ [4, 8])
+at sizes a 2-core CPU trains in about a minute / a few seconds. Targets are per profile, set
+below what the baseline reaches so that time-to-target is defined for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .models import MODEL_SIZES
+
+PROFILES = ("smoke", "quick", "paper")
+TASKS = ("cifar10", "wikitext2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskProfile:
+    task: str
+    profile: str
+    model: dict                     # size of the model (trainopt_core.models.MODEL_SIZES)
+    baseline_batch_size: int        # paper: 128 images / 32 sequences
+    train_samples: int | None       # samples per epoch (None: the whole training split)
+    epochs: float
+    eval_every_samples: int
+    eval_samples: int               # test images / validation sequences per evaluation
+    lr: float
+    target: float                   # accuracy >= target, or perplexity <= target
+    seq_len: int | None = None
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.999)
+    throughput_warmup_steps: int = 2
+    cpu_reduced_precision: str = "bf16"   # fp16 autocast is slow on CPU (SPEC §3)
+    standin_sizes: dict = field(default_factory=dict)  # stand-in data set sizes
+    # Scaled-down GPT-2s keep the GPT-2 BPE but renumber only the token ids that occur in the
+    # corpus: with 50,257 outputs the LM head would be ~90% of a 4x128 model's compute and memory,
+    # hiding what the components do to the transformer blocks (the paper's model is ~30% head).
+    compact_vocab: bool = False
+
+    @property
+    def quality_name(self) -> str:
+        return "accuracy" if self.task == "cifar10" else "perplexity"
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.task == "cifar10"
+
+    @property
+    def item_unit(self) -> str:
+        return "img/s" if self.task == "cifar10" else "tok/s"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _task(task: str, profile: str, **settings) -> TaskProfile:
+    """A TaskProfile whose model size (and GPT-2 sequence length) come from models.MODEL_SIZES."""
+    size = dict(MODEL_SIZES[profile]["resnet" if task == "cifar10" else "gpt2"])
+    seq_len = size.pop("seq_len", None)
+    return TaskProfile(task=task, profile=profile, model=size, seq_len=seq_len, **settings)
+
+
+_PROFILES = {
+    ("cifar10", "paper"): _task(
+        "cifar10", "paper",
+        baseline_batch_size=128, train_samples=None, epochs=30, eval_every_samples=50_000,
+        eval_samples=10_000, lr=1e-4, target=0.85, throughput_warmup_steps=20,
+    ),
+    ("wikitext2", "paper"): _task(
+        "wikitext2", "paper",
+        baseline_batch_size=32, train_samples=None, epochs=20, eval_every_samples=2_000,
+        eval_samples=240, lr=1e-4, target=45.0, throughput_warmup_steps=20,
+    ),
+    ("cifar10", "quick"): _task(
+        "cifar10", "quick",
+        baseline_batch_size=64, train_samples=6_000, epochs=2, eval_every_samples=1_500,
+        eval_samples=1_000, lr=2e-3, target=0.40,
+        standin_sizes=dict(standin_train_size=6_000, standin_test_size=1_000),
+    ),
+    ("wikitext2", "quick"): _task(
+        "wikitext2", "quick",
+        baseline_batch_size=16, train_samples=1_600, epochs=1, eval_every_samples=400,
+        eval_samples=64, lr=1e-3, target=400.0, compact_vocab=True,
+    ),
+    ("cifar10", "smoke"): _task(
+        "cifar10", "smoke",
+        baseline_batch_size=32, train_samples=256, epochs=1, eval_every_samples=128,
+        eval_samples=128, lr=2e-3, target=0.12, throughput_warmup_steps=1,
+        standin_sizes=dict(standin_train_size=512, standin_test_size=256),
+    ),
+    ("wikitext2", "smoke"): _task(
+        "wikitext2", "smoke",
+        baseline_batch_size=8, train_samples=64, epochs=1, eval_every_samples=32,
+        eval_samples=16, lr=1e-3, target=40_000.0, throughput_warmup_steps=1, compact_vocab=True,
+    ),
+}
+
+
+def get_profile(task: str, profile: str) -> TaskProfile:
+    if task not in TASKS:
+        raise ValueError(f"task={task!r} is invalid: allowed {TASKS}")
+    if profile not in PROFILES:
+        raise ValueError(f"profile={profile!r} is invalid: allowed {PROFILES}")
+    return _PROFILES[(task, profile)]

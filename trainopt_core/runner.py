@@ -1,0 +1,242 @@
+"""One training run -> one JSON run record (SPEC §6).
+
+The record's name carries the configuration hash and the seed; a complete record is reused
+instead of re-running, and a record is written atomically only when the run finished, so an
+interrupted run never leaves something that looks complete.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from . import measure
+from .config import OptimizationConfig
+from .engine import prepare
+from .profiles import TaskProfile, get_profile
+from .tasks import Task, build_task
+
+RECORD_SCHEMA = 1
+
+
+# ------------------------------------------------------------------ configuration for a run
+def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, device: torch.device) -> tuple[OptimizationConfig, list[str]]:
+    """The configuration as run on this device, and notes on what the profile changed."""
+    cfg = OptimizationConfig.preset(config) if isinstance(config, str) else config
+    notes = []
+    if device.type == "cpu" and cfg.precision == "fp16" and profile.cpu_reduced_precision != "fp16":
+        cfg = cfg.replace(precision=profile.cpu_reduced_precision)
+        notes.append(f"precision fp16 -> {profile.cpu_reduced_precision} on CPU (fp16 autocast is slow there)")
+    return cfg, notes
+
+
+def micro_batch_size(cfg: OptimizationConfig, profile: TaskProfile) -> int:
+    """The baseline batch ÷ the starting k (README: our reading of the optimized batch)."""
+    return max(1, profile.baseline_batch_size // (cfg.k_min if cfg.adaptive else cfg.k))
+
+
+def record_path(out_dir: Path, task: str, cfg: OptimizationConfig, profile: str, seed: int) -> Path:
+    return Path(out_dir) / f"{task}__{cfg.name.replace('+', 'plus_').replace('-', 'minus_')}__{profile}__{cfg.config_hash()}__seed{seed}.json"
+
+
+def load_record(path: Path) -> dict | None:
+    """A finished record, or None (missing, unreadable, or not marked complete)."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("status") != "complete" or record.get("schema") != RECORD_SCHEMA:
+        return None
+    return record
+
+
+def write_record(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial.json")
+    tmp.write_text(json.dumps(record, indent=1, default=_json_default))
+    os.replace(tmp, path)  # atomic: readers see the old state or the finished record
+
+
+def _json_default(value):
+    if isinstance(value, (torch.Tensor,)):
+        return value.tolist()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serializable: {type(value)}")
+
+
+# ------------------------------------------------------------------ the run
+@dataclass
+class RunOptions:
+    data_policy: str = "auto"
+    data_dir: str | None = None
+    device: str | None = None
+    progress: bool = True
+    rerun: bool = False
+    backend: str = "torch"                # "torch" (single process / DDP) or "deepspeed"
+    max_steps: int | None = None          # cut a run short (benchmarks, tests); such a record is not written
+
+
+def run(
+    task: str,
+    config: str | OptimizationConfig,
+    *,
+    profile: str = "quick",
+    seed: int = 0,
+    out_dir: str | os.PathLike = "reports/quick/runs",
+    options: RunOptions | None = None,
+    **option_overrides,
+) -> dict:
+    """Train `task` with `config` under `profile` and return (and write) its run record."""
+    options = options or RunOptions()
+    for key, value in option_overrides.items():
+        if not hasattr(options, key):
+            raise ValueError(f"unknown run option {key!r}: allowed {list(RunOptions.__dataclass_fields__)}")
+        setattr(options, key, value)
+    prof = get_profile(task, profile)
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg, notes = resolve_config(config, prof, device)
+    path = record_path(Path(out_dir), task, cfg, profile, seed)
+    if not options.rerun and (existing := load_record(path)) is not None:
+        return existing
+
+    torch.manual_seed(seed)
+    world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    bundle = build_task(prof, data_policy=options.data_policy, data_dir=options.data_dir, device=device, seed=seed)
+    model = bundle.model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
+    micro = micro_batch_size(cfg, prof)
+    total_samples = int(prof.epochs * bundle.num_train_samples)
+    engine = prepare(model, optimizer, cfg, total_samples=total_samples, micro_batch_size=micro, device=device)
+    if cfg.zero_stage > 0:
+        notes.append(f"ZeRO stage {cfg.zero_stage} requested; the torch-native engine ran without partitioning "
+                     f"({world_size} process{'es' if world_size > 1 else ''})")
+
+    history, steps = [], []
+    throughput = measure.ThroughputMeter(warmup_steps=prof.throughput_warmup_steps, device=device)
+    memory = measure.PeakMemory(device)
+    tracked_step = prof.throughput_warmup_steps  # the optimizer step whose memory is broken down
+    train_time_s, next_eval_samples = 0.0, 0
+    batches = bundle.train_batches(micro, seed=seed)
+    bar = tqdm(total=total_samples, desc=f"{task} {cfg.name} seed {seed}", unit="sample",
+               disable=not options.progress or rank != 0, leave=False)
+    energy = measure.EnergyMeter(device)
+    energy.start()
+    wall_start = time.perf_counter()
+    while engine.samples_consumed < total_samples:
+        if options.max_steps is not None and engine.optimizer_steps >= options.max_steps:
+            break
+        if engine.samples_consumed >= next_eval_samples:  # evaluation time is not training time
+            history.append(_evaluate(bundle, engine, model, train_time_s, steps))
+            next_eval_samples += prof.eval_every_samples
+        tracking = engine.optimizer_steps == tracked_step and memory.tracks_live_tensors
+        tracker = memory.track_step(model, optimizer) if tracking else contextlib.nullcontext()
+        start = time.perf_counter()
+        with tracker:
+            step_items, step_loss = _one_optimizer_step(engine, bundle, model, batches)
+        step_s = measure.elapsed_s(start, device)
+        train_time_s += step_s
+        if tracking:
+            memory.add_tracked(tracker)  # slowed by the tracker: not a throughput sample
+        else:
+            throughput.add_step(step_items, step_s)
+        steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss, **engine.stats()))
+        bar.update(steps[-1]["effective_batch_size"])
+    history.append(_evaluate(bundle, engine, model, train_time_s, steps))
+    bar.close()
+    energy_j, energy_source = energy.stop()
+    wall_s = time.perf_counter() - wall_start
+    engine.close()
+
+    times = [h["time_s"] for h in history]
+    qualities = [h["quality"] for h in history]
+    items_per_s = throughput.items_per_s()
+    peak_flops, peak_source = measure.peak_flops(device, cfg.precision)
+    flops_item = bundle.training_flops_per_item
+    metrics = dict(
+        throughput=items_per_s,
+        throughput_unit=prof.item_unit,
+        peak_memory_bytes=memory.peak_bytes(),
+        memory_source=memory.source,
+        memory_breakdown_bytes=memory.breakdown(),
+        time_to_target_s=measure.time_to_target(times, qualities, prof.target, higher_is_better=prof.higher_is_better),
+        target=prof.target,
+        final_quality=qualities[-1],
+        quality_name=prof.quality_name,
+        flops_per_item=flops_item,
+        peak_flops_per_s=peak_flops,
+        peak_flops_source=peak_source,
+        flops_utilization=None if not items_per_s else flops_item * items_per_s / peak_flops,
+        energy_j=energy_j,
+        energy_source=energy_source,
+        skipped_steps=engine.skipped_steps,
+        optimizer_steps=engine.optimizer_steps,
+        train_time_s=train_time_s,
+        wall_s=wall_s,
+    )
+    record = dict(
+        schema=RECORD_SCHEMA,
+        status="complete" if options.max_steps is None else "truncated",
+        task=task,
+        config_name=cfg.name,
+        config=cfg.to_dict(),
+        config_hash=cfg.config_hash(),
+        profile=profile,
+        profile_settings=prof.to_dict(),
+        seed=seed,
+        world_size=world_size,
+        micro_batch_size=micro,
+        data_source=bundle.data_source,
+        model_name=bundle.model_name,
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        notes=notes,
+        manifest=measure.run_manifest(profile=profile, device=device),
+        history=history,
+        steps=steps,
+        metrics=metrics,
+    )
+    if rank == 0 and options.max_steps is None:
+        write_record(path, record)
+    return record
+
+
+def _one_optimizer_step(engine, bundle: Task, model, batches) -> tuple[float, float]:
+    """Micro-batches until the engine reaches its accumulation boundary; (items, mean loss)."""
+    steps_before = engine.optimizer_steps
+    items, loss_sum, micro_batches = 0.0, 0.0, 0
+    while engine.optimizer_steps == steps_before:
+        x, y = next(batches)
+        with engine.autocast():
+            loss, num_items = bundle.loss(model, x, y)
+        engine.backward(loss, num_items=num_items, num_samples=len(x))
+        engine.step()
+        items += num_items
+        loss_sum = loss_sum + loss.detach().float()  # stays on the device: no sync per micro-batch
+        micro_batches += 1
+    return items, float(loss_sum) / micro_batches
+
+
+def _evaluate(bundle: Task, engine, model, train_time_s: float, steps: list[dict]) -> dict:
+    recent = [s["loss"] for s in steps[-20:]]
+    quality = bundle.evaluate(model, engine)
+    return dict(
+        time_s=round(train_time_s, 4),
+        samples=engine.samples_consumed,
+        step=engine.optimizer_steps,
+        train_loss=sum(recent) / len(recent) if recent else None,
+        quality=quality,
+        lr=engine.lr,
+        k=engine.k,
+        loss_scale=engine.loss_scale,
+        effective_batch_size=engine.effective_batch_size,
+        b_simple=engine.stats()["b_simple"],
+    )

@@ -1,0 +1,146 @@
+"""The two tasks of paper §IV-A as (model, data, loss, evaluation) bundles for the runner.
+
+Baseline and optimized runs of a task use the same model code (same attention
+implementation); only the trainopt components differ.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from . import data, models
+from .profiles import TaskProfile
+
+
+@dataclass
+class Task:
+    model: torch.nn.Module
+    model_name: str
+    data_source: str
+    num_train_samples: int
+    training_flops_per_item: float
+    train_batches: Callable[..., Iterator]
+    loss: Callable                    # (model, x, y) -> (mean loss, number of items it averages)
+    evaluate: Callable                # (model, engine) -> quality
+
+
+def build_task(profile: TaskProfile, *, data_policy: str, data_dir, device: torch.device, seed: int) -> Task:
+    if profile.task == "cifar10":
+        return _cifar10(profile, data_policy, data_dir, device, seed)
+    return _wikitext2(profile, data_policy, data_dir, device, seed)
+
+
+def _endless(make_epoch: Callable[[int], Iterator]) -> Iterator:
+    epoch = 0
+    while True:
+        yield from make_epoch(epoch)
+        epoch += 1
+
+
+# ------------------------------------------------------------------ CIFAR-10 + ResNet
+def _cifar10(profile, data_policy, data_dir, device, seed) -> Task:
+    dataset = data.load_image_dataset("cifar10", data_dir=data_dir, data_policy=data_policy, **profile.standin_sizes)
+    n_train = min(profile.train_samples or len(dataset.train_y), len(dataset.train_y))
+    train_x, train_y = dataset.train_x[:n_train], dataset.train_y[:n_train]
+    n_eval = min(profile.eval_samples, len(dataset.test_y))
+    test_x = data.normalize_batch(dataset.test_x[:n_eval]).to(device)
+    test_y = dataset.test_y[:n_eval].to(device)
+    model = models.resnet_cifar(num_classes=10, **profile.model)
+
+    def train_batches(micro_batch_size: int, seed: int = seed):
+        generator = torch.Generator().manual_seed(seed)
+        return _endless(lambda epoch: data.image_batches(
+            train_x, train_y, micro_batch_size, shuffle=True, augment=True, generator=generator,
+            drop_last=True, device=device))
+
+    def loss(model, x, y):
+        return F.cross_entropy(model(x), y), len(y)
+
+    @torch.no_grad()
+    def evaluate(model, engine):
+        was_training = model.training
+        model.eval()
+        correct = 0
+        for start in range(0, n_eval, 256):
+            with engine.autocast():
+                logits = model(test_x[start:start + 256])
+            correct += (logits.argmax(1) == test_y[start:start + 256]).sum().item()
+        model.train(was_training)
+        return correct / n_eval
+
+    return Task(
+        model=model,
+        model_name=f"ResNet (bottleneck {tuple(profile.model['layers'])}, width {profile.model['width']}, CIFAR stem)",
+        data_source=dataset.source,
+        num_train_samples=n_train,
+        training_flops_per_item=models.training_flops_per_item(model, (3, 32, 32)),
+        train_batches=train_batches,
+        loss=loss,
+        evaluate=evaluate,
+    )
+
+
+# ------------------------------------------------------------------ WikiText-2 + GPT-2
+def compact_vocabulary(*splits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Renumber the GPT-2 token ids that occur in the corpus to 0..V-1 (same tokenization,
+    smaller embedding / LM head). Returns the first two splits renumbered and V."""
+    vocabulary = torch.unique(torch.cat(splits))
+    renumbered = [torch.searchsorted(vocabulary, s) for s in splits[:2]]
+    return renumbered[0], renumbered[1], len(vocabulary)
+
+
+def _wikitext2(profile, data_policy, data_dir, device, seed) -> Task:
+    corpus = data.load_text_corpus("wikitext2", data_dir=data_dir, data_policy=data_policy)
+    seq_len = profile.seq_len
+    train_ids, valid_ids, vocab_size = corpus.train, corpus.valid, data.GPT2_VOCAB_SIZE
+    if profile.compact_vocab:
+        train_ids, valid_ids, vocab_size = compact_vocabulary(corpus.train, corpus.valid, corpus.test)
+    train = data.pack_sequences(train_ids, seq_len)
+    valid = data.pack_sequences(valid_ids, seq_len)
+    n_train = min(profile.train_samples or len(train), len(train))
+    train = train[:n_train]
+    n_eval = min(profile.eval_samples, len(valid))
+    valid = valid[:n_eval].to(device)
+    model = models.gpt2_model(vocab_size=vocab_size, **profile.model)
+
+    def train_batches(micro_batch_size: int, seed: int = seed):
+        generator = torch.Generator().manual_seed(seed)
+        return _endless(lambda epoch: (
+            (b, None) for b in data.text_batches(train, micro_batch_size, shuffle=True, generator=generator,
+                                                 drop_last=True, device=device)))
+
+    def loss(model, x, _):
+        # next-token loss, mean over the seq_len - 1 predicted tokens of each sequence
+        return model(input_ids=x, labels=x).loss, x.shape[0] * (x.shape[1] - 1)
+
+    @torch.no_grad()
+    def evaluate(model, engine):
+        was_training = model.training
+        model.eval()
+        total, count = 0.0, 0
+        for start in range(0, n_eval, 16):
+            batch = valid[start:start + 16]
+            with engine.autocast():
+                out = model(input_ids=batch, labels=batch)
+            n = batch.shape[0] * (batch.shape[1] - 1)
+            total += out.loss.float().item() * n
+            count += n
+        model.train(was_training)
+        return math.exp(total / count)
+
+    cfg = profile.model
+    return Task(
+        model=model,
+        model_name=(f"GPT-2 ({cfg['n_layer']} layers, {cfg['n_embd']} hidden, {cfg['n_head']} heads, seq {seq_len}, "
+                    f"vocabulary {vocab_size}{' compacted GPT-2 BPE ids' if profile.compact_vocab else ''})"),
+        data_source=corpus.source,
+        num_train_samples=n_train,
+        training_flops_per_item=models.training_flops_per_token(model, seq_len),
+        train_batches=train_batches,
+        loss=loss,
+        evaluate=evaluate,
+    )
