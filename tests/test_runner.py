@@ -1,0 +1,109 @@
+"""Run records: complete, reused, never mistaken for finished when interrupted."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainopt_core import runner
+from trainopt_core.config import OptimizationConfig
+
+REQUIRED_METRICS = {
+    "throughput", "throughput_unit", "peak_memory_bytes", "memory_source", "time_to_target_s", "target",
+    "final_quality", "quality_name", "flops_utilization", "energy_j", "energy_source", "skipped_steps", "wall_s",
+}
+
+
+@pytest.fixture(scope="module")
+def smoke_records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    records = {}
+    for task in ("cifar10", "wikitext2"):
+        for config in ("baseline", "optimized"):
+            records[task, config] = runner.run(task, config, profile="smoke", seed=0, out_dir=out,
+                                               data_policy="standin", progress=False)
+    return out, records
+
+
+def test_smoke_runs_of_both_tasks_write_complete_records(smoke_records):
+    out, records = smoke_records
+    assert len(list(out.glob("*.json"))) == 4
+    for (task, config), record in records.items():
+        on_disk = json.loads(runner.record_path(out, task, OptimizationConfig.preset(config).replace(
+            precision=record["config"]["precision"]), "smoke", 0).read_text())
+        assert on_disk["status"] == "complete" and on_disk["config_name"] == config
+        assert REQUIRED_METRICS <= set(on_disk["metrics"])
+        assert on_disk["data_source"].startswith("stand-in") and "NOT" in on_disk["data_source"]
+        assert on_disk["manifest"]["hardware"] and on_disk["manifest"]["libraries"]["torch"]
+        assert on_disk["history"][0]["samples"] == 0 and on_disk["history"][-1]["samples"] > 0
+        assert on_disk["metrics"]["throughput"] > 0 and on_disk["metrics"]["peak_memory_bytes"] > 0
+        assert on_disk["seed"] == 0 and on_disk["profile"] == "smoke"
+
+
+def test_optimized_run_states_what_ran_on_cpu(smoke_records):
+    _, records = smoke_records
+    opt = records["cifar10", "optimized"]
+    assert opt["config"]["precision"] == "bf16"
+    assert any("fp16 -> bf16" in note for note in opt["notes"])
+    assert any("without partitioning" in note for note in opt["notes"])
+    assert {s["k"] for s in opt["steps"]} <= set(range(4, 9))
+    assert opt["micro_batch_size"] == records["cifar10", "baseline"]["micro_batch_size"] // 4
+
+
+def test_complete_record_is_reused_instead_of_rerun(smoke_records, monkeypatch):
+    out, records = smoke_records
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(runner, "build_task", must_not_train)
+    again = runner.run("cifar10", "baseline", profile="smoke", seed=0, out_dir=out, data_policy="standin", progress=False)
+    assert again == json.loads(json.dumps(records["cifar10", "baseline"]))
+
+
+def test_interrupted_run_leaves_no_record_that_looks_complete(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = runner._one_optimizer_step
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_one_optimizer_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run("cifar10", "baseline", profile="smoke", seed=1, out_dir=tmp_path, data_policy="standin", progress=False)
+    assert list(tmp_path.glob("*.json")) == []
+    # a half-written or unfinished file is not taken for a finished run
+    path = tmp_path / "x.json"
+    path.write_text('{"schema": 1, "status": "complete", "metr')
+    assert runner.load_record(path) is None
+    path.write_text(json.dumps({"schema": 1, "status": "running"}))
+    assert runner.load_record(path) is None
+
+
+def test_bad_run_arguments_raise_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="task='imagenet'"):
+        runner.run("imagenet", "baseline", profile="smoke", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="profile='huge'"):
+        runner.run("cifar10", "baseline", profile="huge", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown configuration 'fast'"):
+        runner.run("cifar10", "fast", profile="smoke", out_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown run option 'colour'"):
+        runner.run("cifar10", "baseline", profile="smoke", out_dir=tmp_path, colour=True)
+
+
+def test_command_line_writes_a_record(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "trainopt_core.run", "--task", "wikitext2", "--config", "+mixed_precision",
+         "--profile", "smoke", "--out", str(tmp_path), "--data-policy", "standin", "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["config"] == "+mixed_precision" and summary["quality_name"] == "perplexity"
+    assert len(list(tmp_path.glob("wikitext2__plus_mixed_precision__smoke__*__seed0.json"))) == 1
+    bad = subprocess.run([sys.executable, "-m", "trainopt_core.run", "--task", "wikitext2", "--config", "turbo"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "unknown configuration 'turbo'" in bad.stderr
