@@ -45,7 +45,7 @@ def test_optimized_run_states_what_ran_on_cpu(smoke_records):
     opt = records["cifar10", "optimized"]
     assert opt["config"]["precision"] == "bf16"
     assert any("fp16 -> bf16" in note for note in opt["notes"])
-    assert any("without partitioning" in note for note in opt["notes"])
+    assert any(note.startswith("ZeRO-2: none: single process") for note in opt["notes"])
     assert {s["k"] for s in opt["steps"]} <= set(range(4, 9))
     assert opt["micro_batch_size"] == records["cifar10", "baseline"]["micro_batch_size"] // 4
 

@@ -11,12 +11,18 @@
 The loss handed to `backward` is a mean over its `num_items` items (images, or non-padding
 tokens). The engine weights each micro-batch by its item count so the step's gradient is the
 mean over *all items of the effective batch* (eq. 4 with unequal micro-batches), not a mean
-of per-micro-batch means.
+of per-micro-batch means -- under DDP over all items of all replicas.
+
+`prepare(..., backend="deepspeed")` returns a `DeepSpeedTrainingEngine` (ZeRO stage 0/1/2,
+trainopt_core/deepspeed_engine.py) with the same interface; its forward runs through
+`engine.model`. Both engines record in `engine.zero_partitioning` what was partitioned.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import warnings
 
 import torch
 
@@ -66,6 +72,14 @@ class TrainingEngine:
         self.scaler = mp.make_grad_scaler(self.device, config)
         self.monitor = GradientNoiseMonitor(self.parameters, ema=config.ema) if config.adaptive else None
 
+        self.zero_partitioning = self._zero_partitioning(config.zero_stage, world_size)
+        # Under DDP the replicas' item counts are summed before the all-reducing backward, so
+        # eq. 4's item weighting and the effective batch are global and equal on every rank.
+        self._replicas_synced = (
+            world_size > 1
+            and isinstance(model, torch.nn.parallel.DistributedDataParallel)
+            and torch.distributed.is_initialized()
+        )
         self.k = config.k
         self.samples_consumed = 0
         self.optimizer_steps = 0
@@ -74,11 +88,13 @@ class TrainingEngine:
         self._micro_index = 0
         self._step_items = 0.0
         self._step_samples = 0
+        self._global_step_samples = 0
         self._expected_items = 0.0
         self._grad_norm: torch.Tensor | None = None
         self._loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
         # the LR the first step will use, so `engine.lr` is meaningful before any step
         self._apply_lr(micro_batch_size * self.k * world_size, self.effective_batch_size)
+        self._set_grad_sync()
 
     # ------------------------------------------------------------------ loop API
     @property
@@ -89,10 +105,16 @@ class TrainingEngine:
     def autocast(self):
         """Context for the forward pass: autocast in the configured precision, and -- under DDP --
         gradient all-reduce only on the micro-batch that completes the effective batch."""
-        if hasattr(self.model, "require_backward_grad_sync"):
-            # DistributedDataParallel decides at forward time whether backward all-reduces.
-            self.model.require_backward_grad_sync = self.is_accumulation_boundary
+        self._set_grad_sync()
         return mp.autocast(self.device, self.config.precision)
+
+    def _set_grad_sync(self) -> None:
+        # DistributedDataParallel decides at *forward* time whether the following backward
+        # all-reduces (its forward calls reducer.prepare_for_backward only when this flag is
+        # set; `no_sync()` is the same flag). Set for the next forward after every backward and
+        # step, so a loop that skips `autocast()` (fp32) still syncs only at the boundary.
+        if hasattr(self.model, "require_backward_grad_sync"):
+            self.model.require_backward_grad_sync = self.is_accumulation_boundary
 
     def backward(self, loss: torch.Tensor, num_items: float | None = None, *, num_samples: int | None = None) -> None:
         """Backward of one micro-batch.
@@ -103,11 +125,14 @@ class TrainingEngine:
         items = float(num_items if num_items is not None else self.micro_batch_size)
         if not items > 0:
             raise ValueError(f"num_items={num_items!r} is invalid: allowed a number > 0")
+        samples = int(num_samples if num_samples is not None else self.micro_batch_size)
         if self._micro_index == 0:
             self._expected_items = items * self.k
         # Eq. 4 with item weighting: grad of Σ_j (n_j / E) · mean_loss_j, corrected to 1/Σ n_j at
         # the boundary when the micro-batches were not all of the first one's size.
         factor = items / self._expected_items
+        if self._replicas_synced and self.is_accumulation_boundary:
+            factor = self._weight_items_across_replicas(items, samples)
         if self.monitor is not None:
             self.monitor.begin_micro_batch(self.device, 1.0 / (factor * self._loss_scale), items)
         scaled = loss * factor
@@ -116,7 +141,28 @@ class TrainingEngine:
         scaled.backward()
         self._micro_index += 1
         self._step_items += items
-        self._step_samples += int(num_samples if num_samples is not None else self.micro_batch_size)
+        self._step_samples += samples
+        self._set_grad_sync()
+
+    def _weight_items_across_replicas(self, items: float, samples: int) -> float:
+        """Before the backward that all-reduces (DDP): rescale this replica's accumulated gradient
+        so that DDP's average over replicas is the mean over all N items of the global effective
+        batch (eq. 4): replica r contributes world_size · S_r / N, S_r its items' gradient sum.
+        Returns the weight of the boundary micro-batch's mean loss."""
+        totals = torch.tensor(
+            [self._step_items + items, float(self._step_samples + samples)],
+            dtype=torch.float64, device=self.device,
+        )
+        torch.distributed.all_reduce(totals)
+        global_items, global_samples = totals.tolist()
+        self._global_step_samples = int(round(global_samples))
+        per_item = self.world_size / global_items
+        # earlier micro-batches were weighted n_j / E locally; the gradients are still local here
+        rescale = per_item * self._expected_items
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        if grads and rescale != 1.0:
+            torch._foreach_mul_(grads, rescale)
+        return items * per_item
 
     def step(self) -> bool:
         """At the accumulation boundary: unscale → clip → optimizer step → LR update → zero_grad →
@@ -125,13 +171,13 @@ class TrainingEngine:
         if self._micro_index < self.k:
             return False
         grads = [p.grad for p in self.parameters if p.grad is not None]
-        if self._step_items != self._expected_items and grads:
+        if not self._replicas_synced and self._step_items != self._expected_items and grads:
             torch._foreach_mul_(grads, self._expected_items / self._step_items)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         self._grad_norm = clip_gradients(self.parameters, self.config.clip_norm)  # eq. 12, unscaled
 
-        step_samples = self._step_samples * self.world_size
+        step_samples = self._global_step_samples if self._replicas_synced else self._step_samples * self.world_size
         self.effective_batch_size = step_samples
         self._apply_lr(self.samples_consumed + step_samples, step_samples)
         stepped = True
@@ -153,27 +199,33 @@ class TrainingEngine:
         self._micro_index = 0
         self._step_items = 0.0
         self._step_samples = 0
+        self._set_grad_sync()
         return stepped
 
     # ------------------------------------------------------------------ internals
+    def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:
+        return _torch_zero_partitioning(zero_stage, world_size)
+
     def _apply_lr(self, samples_after_step: float, effective_batch_size: int) -> None:
         self._lr_multiplier = self.schedule.lr_multiplier(samples_after_step, effective_batch_size)
         set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
 
-    def gather_micro_norms(self, local: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        """All replicas' micro-batch norms (one process: the local ones)."""
+    def gather_from_replicas(self, local) -> list:
+        """Every replica's `local` (picklable), by rank (one process: `[local]`)."""
         if self.world_size > 1 and torch.distributed.is_initialized():
             gathered: list = [None] * self.world_size
             torch.distributed.all_gather_object(gathered, local)
-            return [pair for rank_pairs in gathered for pair in rank_pairs]
-        return local
+            return gathered
+        return [local]
 
     def _update_k(self) -> None:
         # The hooked norms are per-process; the accumulated gradient is the global mean after the
         # boundary all-reduce, so replicas add draws to eq. 7's sample of micro-batch gradients.
-        micro = self.gather_micro_norms(self.monitor.micro_norms())
-        grad_sq = float(self._grad_norm) ** 2
-        estimate = self.monitor.finish_step(grad_sq, micro)
+        # Every rank then runs eqs. 6-7 on the same gathered numbers -- rank 0's |G_acc|² too,
+        # in case the replicas' reduced gradients differ in the last bit -- so all pick the same k.
+        gathered = self.gather_from_replicas((self.monitor.micro_norms(), float(self._grad_norm) ** 2))
+        micro = [pair for rank_micro, _ in gathered for pair in rank_micro]
+        estimate = self.monitor.finish_step(gathered[0][1], micro)
         if estimate is None:
             return
         self.k = choose_k(
@@ -235,6 +287,28 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _torch_zero_partitioning(zero_stage: int, world_size: int) -> str:
+    """What the torch-native engine partitions: nothing (it never pretends to run ZeRO)."""
+    if world_size == 1:
+        return "none: single process" + (f" (ZeRO-{zero_stage} requested)" if zero_stage else "")
+    if zero_stage == 0:
+        return f"none: ZeRO stage 0, optimizer state replicated on {world_size} processes"
+    warnings.warn(
+        f"OptimizationConfig.zero_stage={zero_stage} with the torch-native engine: optimizer state "
+        f"and gradients stay replicated on all {world_size} processes; use prepare(..., "
+        "backend='deepspeed') for ZeRO partitioning.",
+        stacklevel=5,
+    )
+    return f"none: torch-native engine (use backend='deepspeed' for ZeRO-{zero_stage})"
+
+
+BACKENDS = ("torch", "deepspeed", "auto")
+
+
+def deepspeed_available() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
 def prepare(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -245,24 +319,40 @@ def prepare(
     device: torch.device | str | None = None,
     world_size: int | None = None,
     checkpoint_model: torch.nn.Module | None = None,
+    backend: str = "torch",
 ) -> TrainingEngine:
     """Wrap an existing model and optimizer in the configured optimizations.
 
     Applies √L activation checkpointing to `checkpoint_model` (default: `model`, or its
     `.module` when `model` is DDP-wrapped) when `config.checkpointing` is set. `world_size`
     defaults to torch.distributed's when a process group is initialized.
+
+    `backend`: "torch" -- the torch-native engine (one process, or DDP when `model` is a
+    DistributedDataParallel); "deepspeed" -- a DeepSpeed engine running ZeRO stage
+    `config.zero_stage` (pass the plain module; run the forward through `engine.model`);
+    "auto" -- deepspeed when config.zero_stage > 0, world_size > 1 and deepspeed is installed.
     """
     if not isinstance(config, OptimizationConfig):
         raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is invalid: allowed one of {BACKENDS}")
     if world_size is None:
         dist = torch.distributed
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if backend == "auto":
+        use_deepspeed = config.zero_stage > 0 and world_size > 1 and deepspeed_available()
+        backend = "deepspeed" if use_deepspeed else "torch"
     if config.checkpointing is not None:
         from .checkpointing import apply_activation_checkpointing
 
         target = checkpoint_model if checkpoint_model is not None else getattr(model, "module", model)
         apply_activation_checkpointing(target, segments=config.checkpointing)
-    return TrainingEngine(
+    engine_class = TrainingEngine
+    if backend == "deepspeed":
+        from .deepspeed_engine import DeepSpeedTrainingEngine
+
+        engine_class = DeepSpeedTrainingEngine
+    return engine_class(
         model, optimizer, config,
         total_samples=total_samples, micro_batch_size=micro_batch_size,
         device=device, world_size=world_size,

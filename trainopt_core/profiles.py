@@ -75,9 +75,9 @@ _PROFILES = {
     ),
     ("cifar10", "quick"): _task(
         "cifar10", "quick",
-        baseline_batch_size=64, train_samples=6_000, epochs=2, eval_every_samples=1_500,
+        baseline_batch_size=64, train_samples=8_000, epochs=3, eval_every_samples=4_000,
         eval_samples=1_000, lr=2e-3, target=0.40,
-        standin_sizes=dict(standin_train_size=6_000, standin_test_size=1_000),
+        standin_sizes=dict(standin_train_size=8_000, standin_test_size=1_000),
     ),
     ("wikitext2", "quick"): _task(
         "wikitext2", "quick",

@@ -116,10 +116,13 @@ def run(
     optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
     micro = micro_batch_size(cfg, prof)
     total_samples = int(prof.epochs * bundle.num_train_samples)
-    engine = prepare(model, optimizer, cfg, total_samples=total_samples, micro_batch_size=micro, device=device)
+    if world_size > 1 and options.backend == "torch":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    engine = prepare(model, optimizer, cfg, total_samples=total_samples, micro_batch_size=micro, device=device,
+                     backend=options.backend)
+    model = engine.model  # the DeepSpeed engine's forward must go through its wrapper
     if cfg.zero_stage > 0:
-        notes.append(f"ZeRO stage {cfg.zero_stage} requested; the torch-native engine ran without partitioning "
-                     f"({world_size} process{'es' if world_size > 1 else ''})")
+        notes.append(f"ZeRO-{cfg.zero_stage}: {engine.zero_partitioning}")
 
     history, steps = [], []
     throughput = measure.ThroughputMeter(warmup_steps=prof.throughput_warmup_steps, device=device)

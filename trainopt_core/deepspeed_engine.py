@@ -1,0 +1,331 @@
+"""DeepSpeed behind the engine interface: ZeRO stage 0/1/2 driven by the same OptimizationConfig.
+
+    engine = trainopt_core.prepare(model, optimizer, config, backend="deepspeed",
+                                   total_samples=..., micro_batch_size=32)
+    model = engine.model                     # the DeepSpeed engine: the forward runs through it
+    for x, y in batches:
+        with engine.autocast():
+            loss = F.cross_entropy(model(x), y)
+        engine.backward(loss, num_items=len(y))
+        engine.step()
+
+The configuration becomes a DeepSpeed config (`deepspeed_config`): micro-batch size, k as
+gradient_accumulation_steps, fp16 dynamic loss scaling or bf16, clipping τ (eq. 12) and the ZeRO
+stage; the user's optimizer is wrapped (ZeRO-1 partitions its state, ZeRO-2 also the gradients).
+On CPU DeepSpeed runs with DS_ACCELERATOR=cpu over gloo; its first use JIT-compiles a small
+shared-memory communication op with the C++ compiler (about a minute, cached afterwards in
+TORCH_EXTENSIONS_DIR).
+
+The accumulation boundary is ours, not DeepSpeed's: DeepSpeed counts micro-steps itself and
+steps when (micro_steps + 1) % gradient_accumulation_steps == 0, which stops matching the
+effective batch as soon as adaptive accumulation changes k mid-run. So every backward first
+tells DeepSpeed whether it completes the effective batch (`set_gradient_accumulation_boundary`),
+`ds_engine.step()` runs after every micro-batch (it updates only at that boundary), and a new k
+reaches DeepSpeed (`set_train_batch_size`) only between effective batches.
+
+Item weighting (eq. 4 with unequal micro-batches): DeepSpeed's loss division by k is replaced by
+weighting micro-batch j's mean loss by n_j / (k · n̄), n̄ the mean items per micro-batch seen
+before this step. The step's gradient is then Σ_j n_j g_j / (k n̄): the item-weighted mean
+direction, exact in size when the micro-batches hold n̄ items on average (always with equal
+micro-batches). It cannot be corrected afterwards as the torch-native engine does, because
+ZeRO-2 reduces and partitions each micro-batch's gradient during its backward; the factor
+N / (k n̄) of the last step is `engine.item_weight_ratio` (1.0 = exact). Across replicas
+DeepSpeed averages the per-replica gradients (equal weight per replica).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from . import precision as mp
+from .config import OptimizationConfig
+from .engine import TrainingEngine
+from .schedule import clip_gradients
+
+
+def deepspeed_config(config: OptimizationConfig, *, micro_batch_size: int, k: int) -> dict:
+    """The DeepSpeed config dict for `config` (k: the starting gradient_accumulation_steps).
+
+    fp16 follows torch.amp.GradScaler's dynamic loss scaling (eqs. 15-16): loss_scale 0 means
+    dynamic, 2^initial_scale_power to start, ×2 after loss_scale_window clean steps, and
+    hysteresis 1 halves the scale on the first overflow (DeepSpeed's default 2 waits for a second).
+    """
+    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size={micro_batch_size!r} is invalid: allowed an integer >= 1")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r} is invalid: allowed an integer >= 1")
+    ds_config: dict = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": k,
+        "gradient_clipping": float(config.clip_norm) if config.clip_norm is not None else 0.0,
+        "zero_optimization": {"stage": config.zero_stage},
+        # ZeRO-1/2 partition whatever torch optimizer the user built; DeepSpeed only lists
+        # Adam/AdamW/Adagrad as tested and refuses the others without this flag.
+        "zero_allow_untested_optimizer": True,
+    }
+    if config.precision == "fp16":
+        power = math.log2(config.initial_loss_scale)
+        if power != int(power):
+            raise ValueError(
+                f"OptimizationConfig.initial_loss_scale={config.initial_loss_scale!r} is invalid for "
+                "DeepSpeed: allowed a power of two (DeepSpeed sets it as 2^initial_scale_power)"
+            )
+        ds_config["fp16"] = {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": int(power),
+            "loss_scale_window": config.loss_scale_growth_interval,
+            "hysteresis": 1,
+            "min_loss_scale": 1,
+        }
+    elif config.precision == "bf16":
+        ds_config["bf16"] = {"enabled": True}
+    return ds_config
+
+
+def zero_partitioning(zero_stage: int, world_size: int) -> str:
+    """What a DeepSpeed engine at `zero_stage` partitions over `world_size` processes."""
+    if zero_stage == 0:
+        if world_size == 1:
+            return "none: ZeRO stage 0, single process"
+        return f"none: ZeRO stage 0 (DeepSpeed data parallel over {world_size} processes)"
+    if world_size == 1:
+        return f"ZeRO-{zero_stage} requested; 1 process: nothing partitioned"
+    what = "optimizer state" if zero_stage == 1 else "optimizer state and gradients"
+    return f"ZeRO-{zero_stage} over {world_size} processes ({what} partitioned)"
+
+
+def _import_deepspeed(device: torch.device):
+    if device.type == "cpu":
+        # DeepSpeed picks its accelerator once, at first use; on a CUDA machine it would pick
+        # CUDA even for a CPU run.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+    except ImportError as err:
+        raise ImportError("backend='deepspeed' needs DeepSpeed: pip install 'trainopt[deepspeed]'") from err
+    accelerator = get_accelerator()
+    if accelerator.device_name() != device.type:
+        raise ValueError(
+            f"device={str(device)!r} is invalid: DeepSpeed's accelerator here is "
+            f"{accelerator.device_name()!r} (DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')!r}); "
+            "allowed a device of that type"
+        )
+    return deepspeed, accelerator
+
+
+class DeepSpeedTrainingEngine(TrainingEngine):
+    """The TrainingEngine interface over a DeepSpeed engine (build it with `prepare(backend="deepspeed")`).
+
+    `model` is the DeepSpeed engine (call it for the forward), `module` the user's module,
+    `ds_engine` the DeepSpeed engine, `ds_config` the config it was built from.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: OptimizationConfig,
+        *,
+        total_samples: int,
+        micro_batch_size: int,
+        device: torch.device | str | None = None,
+        world_size: int = 1,
+    ):
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            raise ValueError(
+                "model is DistributedDataParallel-wrapped: with backend='deepspeed' pass the plain module"
+            )
+        device = torch.device(device) if device is not None else next(model.parameters()).device
+        deepspeed, accelerator = _import_deepspeed(device)
+        for precision, supported in (("fp16", accelerator.is_fp16_supported), ("bf16", accelerator.is_bf16_supported)):
+            if config.precision == precision and not supported():
+                raise ValueError(
+                    f"OptimizationConfig.precision={precision!r} is invalid with backend='deepspeed' here: "
+                    f"DeepSpeed's {accelerator.device_name()} accelerator does not support it on this "
+                    "machine; allowed 'fp32' or 'bf16' (CPUs without AVX512-FP16 have no fp16)"
+                )
+        self._owns_process_group = _ensure_process_group(device, world_size)
+        try:
+            # The shared engine state: validation, LR schedule, base LRs, noise-monitor hooks. The
+            # monitor's tensor hooks stay on the parameter objects when DeepSpeed flattens or casts
+            # them, and fire before DeepSpeed's reduction hooks: micro-batch norms are local (eq. 7).
+            super().__init__(
+                model, optimizer, config,
+                total_samples=total_samples, micro_batch_size=micro_batch_size, device=device, world_size=world_size,
+            )
+            self.scaler = None  # DeepSpeed's own dynamic loss scaler runs fp16
+            self.module = model
+            self.ds_config = deepspeed_config(config, micro_batch_size=micro_batch_size, k=self.k)
+            self.ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
+            self.model = self.ds_engine
+            # DeepSpeed's forward arms its backward (ZeRO's per-step hook state and the output hooks
+            # that run its backward prologue); a forward on the bare module would skip that.
+            self._forward_seen = False
+            self._forward_hook = self.ds_engine.register_forward_pre_hook(self._note_forward)
+        except BaseException:
+            if self._owns_process_group:  # made here for one process: do not leave it behind
+                torch.distributed.destroy_process_group()
+            raise
+        if self.ds_engine.dp_world_size != world_size:
+            raise ValueError(
+                f"world_size={world_size!r} is invalid: DeepSpeed runs data parallel over "
+                f"{self.ds_engine.dp_world_size} processes; allowed {self.ds_engine.dp_world_size}"
+            )
+        # stage 0 in fp32 steps the torch optimizer directly, which keeps no gradient norm
+        self._norm_from_grads = not hasattr(self.ds_engine.optimizer, "_global_grad_norm")
+        self._loss_scale = self._current_loss_scale()
+        self._items_seen = 0.0
+        self._micro_batches_seen = 0
+        self._mean_items = 0.0
+        self._ds_step_due = False
+        self.item_weight_ratio = 1.0
+
+    # ------------------------------------------------------------------ k reaches DeepSpeed
+    @property
+    def k(self) -> int:
+        return self._k
+
+    @k.setter
+    def k(self, value: int) -> None:
+        if getattr(self, "_micro_index", 0) != 0:
+            raise ValueError(f"k={value!r} set mid-way through an effective batch: allowed only at a boundary")
+        self._k = value
+        if hasattr(self, "ds_engine"):
+            self.ds_engine.set_train_batch_size(self.micro_batch_size * value * self.ds_engine.dp_world_size)
+
+    # ------------------------------------------------------------------ loop API
+    def autocast(self):
+        """Context for the forward: DeepSpeed holds the module in fp16/bf16 and autocast lets
+        fp32 inputs meet those weights (matmuls in the low precision, reductions in fp32)."""
+        return mp.autocast(self.device, self.config.precision)
+
+    def backward(
+        self, loss: torch.Tensor, num_items: float | None = None, *, num_samples: int | None = None
+    ) -> None:
+        """Backward of one micro-batch through DeepSpeed; `loss` is the mean over `num_items` items."""
+        items = float(num_items if num_items is not None else self.micro_batch_size)
+        if not items > 0:
+            raise ValueError(f"num_items={num_items!r} is invalid: allowed a number > 0")
+        if not self._forward_seen:
+            raise ValueError(
+                "backward() without a forward through engine.model: with backend='deepspeed' run the "
+                "forward as engine.model(inputs) (the DeepSpeed engine), not on the module itself"
+            )
+        self._forward_seen = False
+        if self._ds_step_due:  # a loop that calls engine.step() only after the k-th backward
+            if self._micro_index >= self.k:
+                raise ValueError("backward() after a completed effective batch: call engine.step() first")
+            self.ds_engine.step()
+        if self._micro_index == 0:
+            self._mean_items = self._items_seen / self._micro_batches_seen if self._micro_batches_seen else items
+        weight = items / (self.k * self._mean_items)
+        self.ds_engine.set_gradient_accumulation_boundary(self.is_accumulation_boundary)
+        if self.monitor is not None:
+            self.monitor.begin_micro_batch(self.device, 1.0 / (weight * self._loss_scale), items)
+        self.ds_engine.backward(loss * weight, scale_wrt_gas=False)
+        self._ds_step_due = True
+        self._micro_index += 1
+        self._step_items += items
+        self._step_samples += int(num_samples if num_samples is not None else self.micro_batch_size)
+
+    def step(self) -> bool:
+        """`ds_engine.step()` after every micro-batch; at the boundary first the LR (eqs. 10-11)
+        and afterwards loss scale, skipped steps, gradient norm and the next k are read back."""
+        if not self._ds_step_due:
+            return False
+        if self._micro_index < self.k:
+            self.ds_engine.step()  # not a boundary: DeepSpeed only counts the micro-step
+            self._ds_step_due = False
+            return False
+        step_samples = self._replica_sum(self._step_samples)
+        self.effective_batch_size = step_samples
+        self._apply_lr(self.samples_consumed + step_samples, step_samples)
+        own_norm = clip_gradients(self.module.parameters(), None) if self._norm_from_grads else None
+        skipped_before = self.ds_engine.skipped_steps
+        self.ds_engine.step()
+        self._ds_step_due = False
+        stepped = self.ds_engine.skipped_steps == skipped_before
+        norm = self.ds_engine.get_global_grad_norm() if own_norm is None else own_norm
+        self._grad_norm = None if norm is None else float(norm)  # pre-clip, unscaled
+        self._loss_scale = self._current_loss_scale()
+        if not stepped:
+            self.skipped_steps += 1
+        self.item_weight_ratio = self._step_items / (self._micro_index * self._mean_items)
+        self._items_seen += self._step_items
+        self._micro_batches_seen += self._micro_index
+        self.samples_consumed += step_samples
+        self.optimizer_steps += 1
+        self._micro_index = 0
+        self._step_items = 0.0
+        self._step_samples = 0
+        if self.monitor is not None:
+            if self._grad_norm is None:
+                self.monitor.finish_step(math.nan, [])
+            else:
+                self._update_k()  # eq. 6 on identical gathered numbers; the k setter tells DeepSpeed
+        return stepped
+
+    # ------------------------------------------------------------------ internals
+    def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:
+        return zero_partitioning(zero_stage, world_size)
+
+    def _note_forward(self, module, inputs) -> None:
+        self._forward_seen = True
+
+    def _replica_sum(self, value: int) -> int:
+        # the effective batch (and so the LR of eq. 11) must be the same number on every rank
+        if self.world_size == 1:
+            return value
+        total = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(total)
+        return int(round(total.item()))
+
+    def _current_loss_scale(self) -> float:
+        if self.config.precision != "fp16":
+            return 1.0
+        optimizer = self.ds_engine.optimizer
+        # the ZeRO and fp16 optimizers keep the dynamic scale under one of these names
+        scale_config = getattr(optimizer, "loss_scale_config", None)
+        scale = getattr(scale_config, "cur_scale", None) or getattr(optimizer, "cur_scale", None)
+        return float(scale if scale is not None else optimizer.loss_scale)
+
+    def close(self) -> None:
+        """Removes the hooks, releases DeepSpeed's engine and a process group made for one process."""
+        super().close()
+        self._forward_hook.remove()
+        self.ds_engine.destroy()
+        if self._owns_process_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+            self._owns_process_group = False
+
+
+def _ensure_process_group(device: torch.device, world_size: int) -> bool:
+    """DeepSpeed needs a process group; one process without a launcher gets a 1-rank group
+    (DeepSpeed would otherwise look for MPI). Returns whether it was created here."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise ValueError(
+                f"world_size={world_size!r} is invalid: the process group has {dist.get_world_size()} "
+                f"processes; allowed {dist.get_world_size()}"
+            )
+        return False
+    if world_size != 1:
+        raise ValueError(
+            f"world_size={world_size!r} needs an initialized process group: start the processes with "
+            "trainopt_core.launch (run_processes or the CLI) or torchrun"
+        )
+    from .launch import find_free_port
+
+    os.environ.setdefault("LOCAL_RANK", "0")  # what a launcher sets; DeepSpeed requires it
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{find_free_port()}",
+        rank=0,
+        world_size=1,
+    )
+    return True
