@@ -331,6 +331,7 @@ def prepare(
     DistributedDataParallel); "deepspeed" -- a DeepSpeed engine running ZeRO stage
     `config.zero_stage` (pass the plain module; run the forward through `engine.model`);
     "auto" -- deepspeed when config.zero_stage > 0, world_size > 1 and deepspeed is installed.
+    A DDP model in fp16/bf16 all-reduces its gradients in that precision (torch's compress hooks).
     """
     if not isinstance(config, OptimizationConfig):
         raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
@@ -347,6 +348,12 @@ def prepare(
 
         target = checkpoint_model if checkpoint_model is not None else getattr(model, "module", model)
         apply_activation_checkpointing(target, segments=config.checkpointing)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
+        # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = default_hooks.bf16_compress_hook if config.precision == "bf16" else default_hooks.fp16_compress_hook
+        model.register_comm_hook(None, hook)
     engine_class = TrainingEngine
     if backend == "deepspeed":
         from .deepspeed_engine import DeepSpeedTrainingEngine

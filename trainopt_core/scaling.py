@@ -83,12 +83,7 @@ def _scaling_worker(task: str, profile: str, config: str, steps: int, warmup_ste
     bundle = build_task(prof, data_policy=data_policy, data_dir=None, device=device, seed=seed + rank)
     model = bundle.model.to(device)
     if world_size > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
-        if cfg.precision != "fp32":  # reduced precision also halves the gradient all-reduce volume
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            hook = default_hooks.bf16_compress_hook if cfg.precision == "bf16" else default_hooks.fp16_compress_hook
-            model.register_comm_hook(None, hook)
+        model = torch.nn.parallel.DistributedDataParallel(model)  # prepare() compresses reduced-precision all-reduce
     optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
     micro = micro_batch_size(cfg, prof)
     engine = prepare(model, optimizer, cfg, total_samples=10**9, micro_batch_size=micro, device=device)
