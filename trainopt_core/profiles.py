@@ -75,14 +75,14 @@ _PROFILES = {
     ),
     ("cifar10", "quick"): _task(
         "cifar10", "quick",
-        baseline_batch_size=64, train_samples=8_000, epochs=3, eval_every_samples=4_000,
-        eval_samples=1_000, lr=2e-3, target=0.40,
+        baseline_batch_size=128, train_samples=8_000, epochs=2, eval_every_samples=2_000,
+        eval_samples=1_000, lr=2e-3, target=0.20,
         standin_sizes=dict(standin_train_size=8_000, standin_test_size=1_000),
     ),
     ("wikitext2", "quick"): _task(
         "wikitext2", "quick",
-        baseline_batch_size=16, train_samples=1_600, epochs=1, eval_every_samples=400,
-        eval_samples=64, lr=1e-3, target=400.0, compact_vocab=True,
+        baseline_batch_size=16, train_samples=800, epochs=1, eval_every_samples=200,
+        eval_samples=64, lr=1e-3, target=250.0, compact_vocab=True,
     ),
     ("cifar10", "smoke"): _task(
         "cifar10", "smoke",
@@ -93,7 +93,7 @@ _PROFILES = {
     ("wikitext2", "smoke"): _task(
         "wikitext2", "smoke",
         baseline_batch_size=8, train_samples=64, epochs=1, eval_every_samples=32,
-        eval_samples=16, lr=1e-3, target=40_000.0, throughput_warmup_steps=1, compact_vocab=True,
+        eval_samples=16, lr=1e-3, target=4_500.0, throughput_warmup_steps=1, compact_vocab=True,
     ),
 }
 
