@@ -61,6 +61,24 @@ def test_complete_record_is_reused_instead_of_rerun(smoke_records, monkeypatch):
     assert again == json.loads(json.dumps(records["cifar10", "baseline"]))
 
 
+def test_record_made_under_other_profile_settings_is_run_again(smoke_records, monkeypatch):
+    out, _ = smoke_records
+    path = runner.record_path(out, "wikitext2", OptimizationConfig.baseline(), "smoke", 0)
+    stale = json.loads(path.read_text())
+    stale["profile_settings"]["target"] = 1.0  # as if an older version had another target
+    path.write_text(json.dumps(stale))
+
+    class Retrained(Exception):
+        pass
+
+    def retrain(*args, **kwargs):
+        raise Retrained
+
+    monkeypatch.setattr(runner, "build_task", retrain)
+    with pytest.raises(Retrained):
+        runner.run("wikitext2", "baseline", profile="smoke", seed=0, out_dir=out, data_policy="standin", progress=False)
+
+
 def test_interrupted_run_leaves_no_record_that_looks_complete(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = runner._one_optimizer_step

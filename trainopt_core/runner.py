@@ -63,6 +63,11 @@ def write_record(path: Path, record: dict) -> None:
     os.replace(tmp, path)  # atomic: readers see the old state or the finished record
 
 
+def _as_json(value):
+    """`value` as it reads back from a record (tuples become lists)."""
+    return json.loads(json.dumps(value, default=_json_default))
+
+
 def _json_default(value):
     if isinstance(value, (torch.Tensor,)):
         return value.tolist()
@@ -105,8 +110,9 @@ def run(
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cfg, notes = resolve_config(config, prof, device)
     path = record_path(Path(out_dir), task, cfg, profile, seed)
-    if not options.rerun and (existing := load_record(path)) is not None:
-        return existing
+    existing = None if options.rerun else load_record(path)
+    if existing is not None and existing.get("profile_settings") == _as_json(prof.to_dict()):
+        return existing  # a record made under other profile settings (an older version) is re-run
 
     torch.manual_seed(seed)
     world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
