@@ -1,0 +1,259 @@
+"""Reports: aggregation over seeds, the claim rule, tables on disk, captions and the index.
+
+The run records here are synthetic test fixtures built in this file (made-up numbers with the
+runner's record layout), not results.
+"""
+import json
+import math
+
+import matplotlib
+import pandas as pd
+import pytest
+
+matplotlib.use("Agg")
+
+from trainopt_core import reports, reports_figures  # noqa: E402
+
+STANDIN = "stand-in: synthetic 10-class 32x32 images (NOT CIFAR-10)"
+
+
+def make_record(task="cifar10", config="baseline", seed=0, *, time_to_target_s=100.0, peak_memory_bytes=2**30,
+                throughput=1000.0, final_quality=0.5, flops_utilization=0.1, precision="fp32",
+                data_source=STANDIN, profile="smoke", status="complete", breakdown=None, notes=()):
+    """A synthetic run record with the runner's layout (test fixture, not a result)."""
+    history = [dict(time_s=t, samples=100 * i, step=10 * i, train_loss=2.0 - 0.1 * i,
+                    quality=final_quality * (i + 1) / 4, lr=1e-3, k=4, loss_scale=1.0,
+                    effective_batch_size=32, b_simple=None) for i, t in enumerate([0.0, 1.0, 2.0, 3.0])]
+    steps = [dict(step=i + 1, time_s=0.1 * (i + 1), lr=1e-3, k=4 + (i % 2), effective_batch_size=32,
+                  loss_scale=1.0, skipped_steps=0, grad_norm=1.0, sigma_sq=1.0, grad_sq=0.5,
+                  b_simple=50.0 + i, samples_consumed=32 * (i + 1)) for i in range(10)]
+    return dict(
+        schema=1, status=status, task=task, config_name=config, config=dict(precision=precision),
+        config_hash="abc", profile=profile, seed=seed, world_size=1, micro_batch_size=8,
+        data_source=data_source, model_name="tiny test model", num_parameters=1000, notes=list(notes),
+        manifest={"date_utc": "2030-01-01T00:00:00+00:00", "profile": profile, "device": "cpu",
+                  "hardware": {"cpu_model": "Test CPU", "cpu_logical_cores": 2, "gpus": []},
+                  "libraries": {"python": "3.12", "torch": "9.9"}, "git": {"commit": "deadbeef", "dirty": False}},
+        history=history, steps=steps,
+        metrics=dict(throughput=throughput, throughput_unit="img/s", peak_memory_bytes=peak_memory_bytes,
+                     memory_source="test", memory_breakdown_bytes=breakdown or {
+                         "parameters": peak_memory_bytes / 4, "activations": peak_memory_bytes / 2},
+                     time_to_target_s=time_to_target_s, target=0.4, final_quality=final_quality,
+                     quality_name="accuracy" if task == "cifar10" else "perplexity",
+                     flops_per_item=1.0, peak_flops_per_s=1.0, peak_flops_source="test",
+                     flops_utilization=flops_utilization, energy_j=None, energy_source=None,
+                     skipped_steps=0, optimizer_steps=10, train_time_s=3.0, wall_s=4.0),
+    )
+
+
+def paired_records(**optimized_overrides):
+    """Baseline seeds 0/1 and optimized seeds 0/1 (synthetic)."""
+    base = [make_record(seed=0, time_to_target_s=100.0, throughput=1000.0),
+            make_record(seed=1, time_to_target_s=120.0, throughput=1200.0)]
+    opt_kwargs = dict(time_to_target_s=70.0, throughput=1400.0, peak_memory_bytes=0.7 * 2**30,
+                      flops_utilization=0.15, precision="bf16")
+    opt_kwargs.update(optimized_overrides)
+    opt = [make_record(config="optimized", seed=s, **opt_kwargs) for s in (0, 1)]
+    return base + opt
+
+
+# ------------------------------------------------------------------ aggregation
+def test_aggregate_gives_mean_sample_std_and_seed_count():
+    agg = reports.aggregate(paired_records()).set_index("config_name")
+    assert agg.loc["baseline", "time_to_target_s_mean"] == pytest.approx(110.0)
+    assert agg.loc["baseline", "time_to_target_s_std"] == pytest.approx(math.sqrt(200.0))  # ddof=1
+    assert agg.loc["baseline", "n_seeds"] == 2
+    assert agg.loc["optimized", "precision"] == "bf16"
+
+
+def test_aggregate_averages_time_to_target_over_seeds_that_reached_it():
+    records = [make_record(seed=0, time_to_target_s=50.0), make_record(seed=1, time_to_target_s=None)]
+    row = reports.aggregate(records).iloc[0]
+    assert row["time_to_target_s_mean"] == 50.0
+    assert row["time_to_target_s_n"] == 1 and row["n_seeds"] == 2
+
+
+def test_load_records_keeps_only_complete_records(tmp_path):
+    runs = tmp_path / "smoke" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "a.json").write_text(json.dumps(make_record()))
+    (runs / "b.json").write_text(json.dumps(make_record(status="truncated")))
+    (runs / "c.partial.json").write_text(json.dumps(make_record()))
+    (runs / "d.json").write_text("{not json")
+    assert len(reports.load_records(tmp_path, "smoke")) == 1
+
+
+# ------------------------------------------------------------------ the claim rule
+@pytest.mark.parametrize("claimed, measured, verdict", [
+    (-0.262, -0.20, "held"),            # right sign, >= half the size
+    (-0.262, -0.10, "direction only"),  # right sign, under half
+    (-0.262, 0.05, "not held"),         # wrong sign
+    (0.274, 0.137, "held"),             # exactly half
+    (0.274, math.nan, "not measured"),
+    (None, 0.3, "no claim"),
+])
+def test_claim_verdict_for_claimed_changes(claimed, measured, verdict):
+    assert reports.claim_verdict(claimed, measured) == verdict
+
+
+def test_comparable_quality_holds_within_half_a_percent_or_the_seed_noise():
+    assert reports.claim_verdict(-0.002, 0.004, kind="comparable") == "held"
+    assert reports.claim_verdict(-0.002, -0.02, kind="comparable") == "not held"
+    assert reports.claim_verdict(-0.002, -0.02, kind="comparable", noise_relative=0.03) == "held"
+    assert reports.claim_verdict(-0.002, 0.1, kind="comparable", higher_is_better=True) == "not held (optimized better)"
+    assert reports.claim_verdict(0.007, 0.1, kind="comparable", higher_is_better=False) == "not held (optimized worse)"
+
+
+def test_claim_verdict_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="kind"):
+        reports.claim_verdict(0.1, 0.1, kind="bigger")
+
+
+# ------------------------------------------------------------------ Table I
+def test_main_results_table_puts_paper_claim_beside_measured_change():
+    table = reports.main_results_table(paired_records(), "cifar10").set_index("metric")
+    time = table.loc["Time to target"]
+    assert time["paper_baseline"] == 42.3 and time["paper_relative"] == -0.262
+    assert time["measured_relative"] == pytest.approx((70.0 - 110.0) / 110.0)
+    assert time["claim_held"] == "held"
+    assert table.loc["Throughput", "measured_relative"] == pytest.approx(1400 / 1100 - 1)
+    assert table.loc["Peak memory", "claim_held"] == "held"  # -30 % vs claimed -25.6 %
+    assert table.loc["Final accuracy", "claim_held"] == "held"  # identical quality
+
+
+def test_main_results_table_marks_unreached_target_as_not_measured():
+    records = paired_records(time_to_target_s=None)
+    table = reports.main_results_table(records, "cifar10").set_index("metric")
+    assert table.loc["Time to target", "claim_held"] == "not measured"
+    shown = reports.format_main_table(table.reset_index()).set_index("Metric")
+    assert shown.loc["Time to target", "Measured optimized"] == "not reached"
+
+
+def test_wikitext_table_has_no_flops_claim():
+    records = [make_record(task="wikitext2", config=c, final_quality=q, data_source="stand-in: text (NOT WikiText-2)")
+               for c, q in (("baseline", 300.0), ("optimized", 310.0))]
+    table = reports.main_results_table(records, "wikitext2").set_index("metric")
+    assert table.loc["FLOPs utilization", "claim_held"] == "no claim"
+    assert table.loc["Final perplexity", "claim_held"] == "not held (optimized worse)"  # +3.3 % > 0.5 %
+
+
+def test_main_results_table_rejects_unknown_task():
+    with pytest.raises(ValueError, match="task='imagenet'"):
+        reports.main_results_table([], "imagenet")
+
+
+# ------------------------------------------------------------------ Table III / IV
+def test_ablation_table_orders_ladder_then_leave_one_out_with_changes_vs_baseline():
+    records = [make_record(config="baseline", time_to_target_s=100.0),
+               make_record(config="+accumulation", time_to_target_s=80.0, peak_memory_bytes=2**29),
+               make_record(config="-checkpointing", time_to_target_s=90.0)]
+    table = reports.ablation_table(records, "cifar10").set_index("config")
+    assert list(table.index[:6]) == ["baseline", "+accumulation", "+mixed_precision", "+lr_schedule",
+                                     "+checkpointing", "+zero2"]
+    assert table.loc["+accumulation", "measured_time_change"] == pytest.approx(-0.2)
+    assert table.loc["+accumulation", "measured_memory_change"] == pytest.approx(-0.5)
+    assert table.loc["+accumulation", "paper_time_min"] == 38.1
+    assert table.loc["-checkpointing", "group"] == "leave-one-out"
+    assert math.isnan(table.loc["+zero2", "paper_time_min"])  # the paper has no ZeRO-2 rung
+    shown = reports.format_ablation_table(table.reset_index())
+    assert "+zero2" not in set(shown["Configuration"])  # neither measured nor claimed
+
+
+def test_scaling_table_marks_modelled_rows_and_adds_paper_values():
+    rows = [dict(world_size=1, config="baseline", throughput=100.0, efficiency=1.0, modelled=False, source="measured"),
+            dict(world_size=4, config="baseline", throughput=350.0, efficiency=0.875, modelled=True,
+                 source="modelled: ring all-reduce", latency_s=1e-5)]
+    table = reports.scaling_table(rows).set_index("world_size")
+    assert table.loc[1, "source"] == "measured" and table.loc[4, "source"] == "modelled"
+    assert table.loc[4, "source_detail"] == "modelled: ring all-reduce" and table.loc[4, "latency_s"] == 1e-5
+    assert table.loc[4, "paper_efficiency"] == 0.857
+    shown = reports.format_scaling_table(table.reset_index()).set_index("World size")
+    assert shown.loc[4, "Source"] == "modelled" and shown.loc[4, "Efficiency T_n/(n·T_1)"] == "87.5%"
+    with pytest.raises(ValueError, match="missing 'efficiency'"):
+        reports.scaling_table([dict(world_size=1, config="baseline", throughput=1.0)])
+
+
+# ------------------------------------------------------------------ files, captions, index
+def test_write_table_writes_csv_numbers_and_markdown_with_caption(tmp_path):
+    records = paired_records()
+    table = reports.main_results_table(records, "cifar10")
+    text = reports.caption("Table I", records)
+    paths = reports.write_table(table, tmp_path, "table1", text, display=reports.format_main_table(table))
+    csv = pd.read_csv(paths["csv"])
+    assert csv.loc[csv["metric"] == "Throughput", "measured_optimized"].item() == pytest.approx(1400.0)
+    markdown = paths["markdown"].read_text()
+    assert "| Metric | Paper baseline |" in markdown and "| Throughput |" in markdown
+    assert STANDIN in markdown
+
+
+def test_caption_names_the_stand_in_and_the_precision_that_ran():
+    records = paired_records()
+    records[-1]["notes"] = ["precision fp16 -> bf16 on CPU"]
+    text = reports.caption("Table I", records)
+    assert "NOT CIFAR-10" in text
+    assert "bf16 (optimized)" in text and "fp32 (baseline)" in text
+    assert "fp16 -> bf16 on CPU" in text and "Test CPU" in text
+
+
+def test_write_table_rejects_a_path_as_name(tmp_path):
+    with pytest.raises(ValueError, match="name="):
+        reports.write_table(pd.DataFrame({"a": [1]}), tmp_path, "x/y", "c")
+
+
+def test_reports_index_lists_each_profile_with_tables_figures_and_manifest(tmp_path):
+    for profile in ("smoke", "quick"):
+        runs = tmp_path / profile / "runs"
+        runs.mkdir(parents=True)
+        (runs / "r.json").write_text(json.dumps(make_record(profile=profile)))
+    reports.write_table(pd.DataFrame({"a": [1.5]}), tmp_path / "smoke" / "tables", "table1", "a caption")
+    (tmp_path / "smoke" / "figures").mkdir()
+    (tmp_path / "smoke" / "figures" / "curves.png").write_bytes(b"png")
+    index = reports.write_reports_index(tmp_path).read_text()
+    assert index.index("## Profile `smoke`") < index.index("## Profile `quick`")
+    assert "a caption" in index and "smoke/figures/curves.png" in index
+    assert STANDIN in index and "deadbeef" in index and "Test CPU" in index
+
+
+# ------------------------------------------------------------------ figures
+def test_figures_title_the_data_source_and_are_saved(tmp_path):
+    records = paired_records()
+    for make in (reports_figures.quality_curves, reports_figures.memory_breakdown_bars,
+                 reports_figures.noise_trajectory):
+        fig = make(records, "cifar10")
+        titles = [ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text() if fig._suptitle else ""]
+        assert any("NOT CIFAR-10" in t.replace("\n", " ") for t in titles), make.__name__
+        assert reports_figures.save_figure(fig, tmp_path, make.__name__).stat().st_size > 1000
+
+
+def test_memory_breakdown_frame_means_each_category_over_seeds():
+    records = [make_record(seed=0, breakdown={"activations": 100.0}), make_record(seed=1, breakdown={"activations": 300.0})]
+    frame = reports_figures.memory_breakdown_frame(records, "cifar10")
+    assert frame.loc["baseline", "activations"] == 200.0
+
+
+def test_resolve_reports_dir_is_relative_to_the_notebooks_folder(tmp_path, monkeypatch):
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert reports.resolve_reports_dir("../reports") == (tmp_path / "reports").resolve()  # from the repo root
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert reports.resolve_reports_dir("../reports") == (tmp_path / "reports").resolve()
+    assert reports.resolve_reports_dir(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+
+
+def test_hardware_line_names_gpus_of_cuda_runs_and_the_cpu_otherwise():
+    from trainopt_core.reports_index import describe_hardware
+
+    gpu = dict(device="cuda", hardware=dict(cpu_model="Some CPU", gpus=[dict(name="NVIDIA H100", driver="550")] * 2))
+    assert describe_hardware(gpu) == "GPU 2x NVIDIA H100 (driver 550)"
+    assert describe_hardware(dict(gpu, device="cpu")) == "CPU Some CPU"
+    assert describe_hardware({}) == ""
+
+
+def test_table_cells_are_readable_numbers_and_bytes_show_in_mib():
+    assert reports.format_number(51389440.0) == "51,389,440"
+    assert reports.format_number(13.0913) == "13.09"
+    assert reports.format_number(0.000123) == "0.0001"
+    assert reports.format_number(math.nan) == "—"
+    shown = reports.format_bytes_frame(pd.DataFrame({"category": ["activations"], "baseline": [2.0 * 2**20],
+                                                     "optimized vs baseline": [-0.25]}))
+    assert shown.iloc[0].tolist() == ["activations", "2.000 MiB", "-25.0%"]

@@ -1,0 +1,415 @@
+"""Run records -> the paper's tables, measured value beside claimed value (SPEC §6).
+
+Records live in ``reports/<profile>/runs/*.json`` (written by `trainopt_core.runner.run`); the
+tables go to ``reports/<profile>/tables/`` as CSV (numbers) and Markdown (formatted, captioned).
+Every measured number is a mean over seeds with its standard deviation and seed count.
+
+When does a claim hold? (`claim_verdict`)
+- a claimed *change* (time, memory, throughput, FLOPs utilization) holds when the measured
+  relative change has the claimed sign and at least half the claimed magnitude; the right sign
+  with less than half the magnitude is "direction only"; the wrong sign is "not held".
+- a claim of *comparable quality* (final accuracy / perplexity) holds when the measured relative
+  change is within the paper's ±0.5 % (§V-A: "within statistical noise (±0.5%)"), or, with ≥ 2
+  seeds per configuration, within two standard errors of the difference (statistical noise);
+  otherwise "not held", saying whether the optimized run's quality was better or worse.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+from .config import ABLATION_LADDER, leave_one_out
+
+HOLD_FRACTION = 0.5            # at least half the claimed magnitude
+COMPARABLE_TOLERANCE = 0.005   # paper §V-A: ±0.5 %
+VERDICTS = ("held", "direction only", "not held", "not measured", "no claim")
+
+# Record metrics that every table aggregates (keys of record["metrics"]).
+METRIC_KEYS = ("time_to_target_s", "peak_memory_bytes", "throughput", "final_quality",
+               "flops_utilization", "energy_j", "train_time_s")
+
+# Tables I and II as data: (row label, record metric, paper claim key, kind, paper unit).
+_MAIN_ROWS = {
+    "cifar10": ("table1_cifar10_resnet50", [
+        ("Time to target", "time_to_target_s", "time_to_85_acc_min", "change", "min"),
+        ("Peak memory", "peak_memory_bytes", "peak_memory_gb", "change", "GB"),
+        ("Throughput", "throughput", "throughput_img_s", "change", "img/s"),
+        ("Final accuracy", "final_quality", "final_accuracy_pct", "comparable", "%"),
+        ("FLOPs utilization", "flops_utilization", "flops_utilization_pct", "change", "%"),
+    ]),
+    "wikitext2": ("table2_wikitext2_gpt2", [
+        ("Time to target", "time_to_target_s", "time_to_ppl45_hr", "change", "hr"),
+        ("Peak memory", "peak_memory_bytes", "peak_memory_gb", "change", "GB"),
+        ("Throughput", "throughput", "throughput_tok_s", "change", "tok/s"),
+        ("Final perplexity", "final_quality", "final_perplexity", "comparable", ""),
+        ("FLOPs utilization", "flops_utilization", None, "change", "%"),
+    ]),
+}
+
+# Table III's paper rows under our ladder's names (the paper has no ZeRO-2 rung).
+_PAPER_LADDER_NAMES = {
+    "baseline": "baseline",
+    "+accumulation": "+gradient_accumulation_k4",
+    "+mixed_precision": "+mixed_precision",
+    "+lr_schedule": "+lr_schedule",
+    "+checkpointing": "+activation_checkpointing",
+}
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+# ------------------------------------------------------------------ paths and loading
+def resolve_reports_dir(reports_dir: str | os.PathLike) -> Path:
+    """The reports root. A relative path is taken relative to the ``notebooks/`` folder (the
+    notebooks' parameter ``"../reports"``), whether the kernel runs there or in the repo root."""
+    path = Path(reports_dir)
+    if path.is_absolute():
+        return path
+    cwd = Path.cwd()
+    base = cwd if cwd.name == "notebooks" or not (cwd / "notebooks").is_dir() else cwd / "notebooks"
+    return (base / path).resolve()
+
+
+def profile_dir(reports_dir: str | os.PathLike, profile: str) -> Path:
+    return resolve_reports_dir(reports_dir) / profile
+
+
+def runs_dir(reports_dir: str | os.PathLike, profile: str) -> Path:
+    """Where the runner writes this profile's run records."""
+    return profile_dir(reports_dir, profile) / "runs"
+
+
+def load_records(reports_dir: str | os.PathLike, profile: str, *, tasks=None) -> list[dict]:
+    """Every complete run record of ``reports/<profile>/runs/`` (partial and truncated records
+    and unreadable files are left out), optionally only those of `tasks`."""
+    records = []
+    for path in sorted(runs_dir(reports_dir, profile).glob("*.json")):
+        if path.name.endswith(".partial.json"):
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("status") == "complete" and (tasks is None or record.get("task") in tasks):
+            records.append(record)
+    return records
+
+
+@lru_cache(maxsize=1)
+def paper_claims() -> dict:
+    """The paper's numbers (trainopt_core/paper_claims.json)."""
+    return json.loads(resources.files("trainopt_core").joinpath("paper_claims.json").read_text())
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    """One row per run: identifiers, the precision that ran, and the metrics of SPEC §4."""
+    rows = []
+    for r in records:
+        metrics = r.get("metrics", {})
+        row = dict(task=r["task"], config_name=r["config_name"], seed=r.get("seed"), profile=r.get("profile"),
+                   precision=r.get("config", {}).get("precision"), data_source=r.get("data_source"),
+                   model_name=r.get("model_name"), world_size=r.get("world_size", 1))
+        row.update({key: _number(metrics.get(key)) for key in METRIC_KEYS})
+        rows.append(row)
+    columns = ["task", "config_name", "seed", "profile", "precision", "data_source", "model_name", "world_size",
+               *METRIC_KEYS]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and value is not None else math.nan
+
+
+def aggregate(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    """Mean, standard deviation (ddof=1; NaN with one seed) and seed count of every metric per
+    (task, config). A metric missing in some seeds (e.g. target never reached) is averaged over
+    the seeds that have it; ``<metric>_n`` says how many."""
+    frame = records if isinstance(records, pd.DataFrame) else records_frame(records)
+    out = []
+    for (task, config), group in frame.groupby(["task", "config_name"], sort=False):
+        row = dict(task=task, config_name=config, n_seeds=len(group),
+                   precision=", ".join(sorted(set(group["precision"].dropna()))))
+        for key in METRIC_KEYS:
+            values = group[key].dropna()
+            row[f"{key}_mean"] = values.mean() if len(values) else math.nan
+            row[f"{key}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan
+            row[f"{key}_n"] = len(values)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------ the claim rule
+def relative_change(baseline: float, optimized: float) -> float:
+    """(optimized − baseline) / baseline; NaN when either is missing or the baseline is 0."""
+    if baseline is None or optimized is None or not (math.isfinite(baseline) and math.isfinite(optimized)) or baseline == 0:
+        return math.nan
+    return (optimized - baseline) / abs(baseline)
+
+
+def claim_verdict(claimed_relative: float | None, measured_relative: float, *, kind: str = "change",
+                  noise_relative: float | None = None, higher_is_better: bool | None = None) -> str:
+    """Did the claim hold on this hardware? (rule in the module docstring)
+
+    `kind` is "change" (a claimed improvement) or "comparable" (a claimed equal quality);
+    `noise_relative` is two standard errors of the measured difference, relative to the
+    baseline, when ≥ 2 seeds were run (only used for "comparable"); with `higher_is_better`
+    given, a quality that is not comparable says whether the optimized run was better or worse.
+    """
+    if kind not in ("change", "comparable"):
+        _fail("kind", kind, "'change' or 'comparable'")
+    if claimed_relative is None or (isinstance(claimed_relative, float) and math.isnan(claimed_relative)):
+        return "no claim"
+    if measured_relative is None or not math.isfinite(measured_relative):
+        return "not measured"
+    if kind == "comparable":
+        tolerance = max(COMPARABLE_TOLERANCE, noise_relative or 0.0)
+        if abs(measured_relative) <= tolerance:
+            return "held"
+        if higher_is_better is None:
+            return "not held"
+        better = (measured_relative > 0) == higher_is_better
+        return f"not held (optimized {'better' if better else 'worse'})"
+    if claimed_relative == 0 or math.copysign(1, measured_relative) != math.copysign(1, claimed_relative) or measured_relative == 0:
+        return "not held"
+    return "held" if abs(measured_relative) >= HOLD_FRACTION * abs(claimed_relative) else "direction only"
+
+
+def _noise_relative(base: pd.Series, opt: pd.Series, key: str) -> float | None:
+    """Two standard errors of (optimized − baseline), relative to the baseline mean."""
+    n_b, n_o = base[f"{key}_n"], opt[f"{key}_n"]
+    if n_b < 2 or n_o < 2 or not base[f"{key}_mean"]:
+        return None
+    se = math.sqrt(base[f"{key}_std"] ** 2 / n_b + opt[f"{key}_std"] ** 2 / n_o)
+    return 2 * se / abs(base[f"{key}_mean"])
+
+
+# ------------------------------------------------------------------ Tables I and II
+def _row_of(agg: pd.DataFrame, task: str, config: str) -> pd.Series | None:
+    match = agg[(agg["task"] == task) & (agg["config_name"] == config)]
+    return None if match.empty else match.iloc[0]
+
+
+def _measured_unit(key: str, task: str) -> str:
+    return {"time_to_target_s": "s", "peak_memory_bytes": "bytes", "final_quality": "accuracy (0-1)" if task == "cifar10" else "perplexity",
+            "flops_utilization": "fraction", "throughput": "img/s" if task == "cifar10" else "tok/s"}.get(key, "")
+
+
+def main_results_table(records: list[dict], task: str, *, baseline: str = "baseline",
+                       optimized: str = "optimized") -> pd.DataFrame:
+    """Table I (cifar10) / Table II (wikitext2): per metric the paper's baseline, optimized and
+    relative change beside the measured mean, std and seed count, the measured relative change
+    and whether the claim held (`claim_verdict`)."""
+    if task not in _MAIN_ROWS:
+        _fail("task", task, f"one of {tuple(_MAIN_ROWS)}")
+    table_key, rows = _MAIN_ROWS[task]
+    claims = paper_claims()[table_key]
+    agg = aggregate([r for r in records if r["task"] == task])
+    base = _row_of(agg, task, baseline) if not agg.empty else None
+    opt = _row_of(agg, task, optimized) if not agg.empty else None
+    out = []
+    for label, key, claim_key, kind, paper_unit in rows:
+        claim = claims.get(claim_key) if claim_key else None
+        measured = {}
+        for side, row in (("baseline", base), ("optimized", opt)):
+            measured[f"measured_{side}"] = row[f"{key}_mean"] if row is not None else math.nan
+            measured[f"measured_{side}_std"] = row[f"{key}_std"] if row is not None else math.nan
+            measured[f"measured_{side}_n"] = int(row[f"{key}_n"]) if row is not None else 0
+            measured[f"measured_{side}_seeds"] = int(row["n_seeds"]) if row is not None else 0
+        measured_rel = relative_change(measured["measured_baseline"], measured["measured_optimized"])
+        noise = _noise_relative(base, opt, key) if base is not None and opt is not None else None
+        out.append(dict(
+            metric=label, record_metric=key, kind=kind,
+            paper_baseline=claim["baseline"] if claim else math.nan,
+            paper_optimized=claim["optimized"] if claim else math.nan,
+            paper_unit=paper_unit if claim else "",
+            paper_relative=claim["relative"] if claim else math.nan,
+            **measured,
+            measured_unit=_measured_unit(key, task),
+            measured_relative=measured_rel,
+            claim_held=claim_verdict(claim["relative"] if claim else None, measured_rel, kind=kind, noise_relative=noise,
+                                     higher_is_better=task == "cifar10" if kind == "comparable" else None),
+        ))
+    return pd.DataFrame(out)
+
+
+def _display_scale(key: str, unit: str, value: float) -> tuple[float, str]:
+    """(multiplier, unit shown) for a measured metric."""
+    if key == "peak_memory_bytes":
+        return (2.0**-30, " GiB") if abs(value) >= 2**30 else (2.0**-20, " MiB")
+    if key == "flops_utilization" or unit.startswith("accuracy"):
+        return 100.0, " %"
+    if unit in ("", "perplexity"):
+        return 1.0, ""
+    return 1.0, f" {unit}"
+
+
+def format_value(value: float, key: str, *, unit: str = "", std: float = math.nan, n: int | None = None,
+                 seeds: int | None = None) -> str:
+    """A measured mean (± std, same decimals) in readable units; NaN -> "—", or "not reached"
+    for a time to target that no seed reached. `unit` is the record's unit ("s", "img/s",
+    "accuracy (0-1)", ...; memory is always bytes)."""
+    if value is None or not math.isfinite(value):
+        return "not reached" if key == "time_to_target_s" and seeds else "—"
+    scale, shown_unit = _display_scale(key, unit or ("s" if key.endswith("_s") else ""), value)
+    magnitude = abs(value * scale)
+    decimals = 0 if magnitude >= 1000 else 1 if magnitude >= 10 else 2 if magnitude >= 0.1 else 4
+    text = f"{value * scale:,.{decimals}f}"
+    if std is not None and math.isfinite(std):
+        text += f" ± {std * scale:,.{decimals}f}"
+    text += shown_unit
+    if n is not None and seeds and n < seeds:
+        text += f" ({n}/{seeds} seeds reached)" if key == "time_to_target_s" else f" ({n}/{seeds} seeds)"
+    return text
+
+
+def _pct(value: float) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{100 * value:+.1f}%"
+
+
+def _paper_value(value, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:,.2f}".rstrip("0").rstrip(".") + (f" {unit}" if unit and unit != "%" else unit)
+
+
+def format_main_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Table I/II as a reader sees it: strings with units, claim beside measurement."""
+    rows = []
+    for _, r in table.iterrows():
+        key = r["record_metric"]
+        rows.append({
+            "Metric": r["metric"],
+            "Paper baseline": _paper_value(r["paper_baseline"], r["paper_unit"]),
+            "Paper optimized": _paper_value(r["paper_optimized"], r["paper_unit"]),
+            "Paper change": _pct(r["paper_relative"]),
+            "Measured baseline": format_value(r["measured_baseline"], key, unit=r["measured_unit"], std=r["measured_baseline_std"],
+                                              n=r["measured_baseline_n"], seeds=r["measured_baseline_seeds"]),
+            "Measured optimized": format_value(r["measured_optimized"], key, unit=r["measured_unit"], std=r["measured_optimized_std"],
+                                               n=r["measured_optimized_n"], seeds=r["measured_optimized_seeds"]),
+            "Measured change": _pct(r["measured_relative"]),
+            "Claim held?": r["claim_held"],
+        })
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ Table III
+def ablation_table(records: list[dict], task: str) -> pd.DataFrame:
+    """Table III: the cumulative ladder (baseline → … → +zero2) then leave-one-out from the
+    optimized configuration, with the paper's row (CIFAR-10 only) beside the measured one and
+    each configuration's change vs the baseline (time to target, peak memory, throughput)."""
+    paper_rows = {row["config"]: row for row in paper_claims()["table3_ablation_cifar10"]}
+    paper_base = paper_rows["baseline"]
+    agg = aggregate([r for r in records if r["task"] == task])
+    base = _row_of(agg, task, "baseline") if not agg.empty else None
+    names = [c.name for c in ABLATION_LADDER] + ["optimized"] + [c.name for c in leave_one_out()]
+    out = []
+    for name in names:
+        row = _row_of(agg, task, name) if not agg.empty else None
+        paper = paper_rows.get(_PAPER_LADDER_NAMES.get(name, "")) if task == "cifar10" else None
+        entry = dict(
+            task=task, config=name, group="ladder" if name in _PAPER_LADDER_NAMES or name == "+zero2" else
+            ("optimized" if name == "optimized" else "leave-one-out"),
+            paper_time_min=paper["time_min"] if paper else math.nan,
+            paper_memory_gb=paper["memory_gb"] if paper else math.nan,
+            paper_accuracy_pct=paper["accuracy_pct"] if paper else math.nan,
+            paper_time_change=relative_change(paper_base["time_min"], paper["time_min"]) if paper else math.nan,
+            paper_memory_change=relative_change(paper_base["memory_gb"], paper["memory_gb"]) if paper else math.nan,
+            n_seeds=int(row["n_seeds"]) if row is not None else 0,
+            precision=row["precision"] if row is not None else "",
+        )
+        for key in ("time_to_target_s", "peak_memory_bytes", "throughput", "final_quality"):
+            entry[f"{key}_mean"] = row[f"{key}_mean"] if row is not None else math.nan
+            entry[f"{key}_std"] = row[f"{key}_std"] if row is not None else math.nan
+            entry[f"{key}_n"] = int(row[f"{key}_n"]) if row is not None else 0
+        for key, short in (("time_to_target_s", "time"), ("peak_memory_bytes", "memory"), ("throughput", "throughput")):
+            entry[f"measured_{short}_change"] = (relative_change(base[f"{key}_mean"], entry[f"{key}_mean"])
+                                                 if base is not None else math.nan)
+        out.append(entry)
+    return pd.DataFrame(out)
+
+
+def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Table III as a reader sees it; configurations neither measured nor claimed are left out."""
+    rows = []
+    for _, r in table.iterrows():
+        if r["n_seeds"] == 0 and not math.isfinite(r["paper_time_min"]):
+            continue
+
+        def measured(key):
+            return format_value(r[f"{key}_mean"], key, unit=_measured_unit(key, r["task"]), std=r[f"{key}_std"],
+                                n=r[f"{key}_n"], seeds=r["n_seeds"])
+
+        is_base = r["config"] == "baseline"
+        rows.append({
+            "Configuration": r["config"],
+            "Paper time (min)": _paper_value(r["paper_time_min"], ""),
+            "Paper memory (GB)": _paper_value(r["paper_memory_gb"], ""),
+            "Paper accuracy (%)": _paper_value(r["paper_accuracy_pct"], ""),
+            "Paper vs baseline": "—" if is_base or not math.isfinite(r["paper_time_change"]) else
+            f"time {_pct(r['paper_time_change'])}, memory {_pct(r['paper_memory_change'])}",
+            "Precision run": r["precision"] or "—",
+            "Time to target": measured("time_to_target_s"),
+            "Peak memory": measured("peak_memory_bytes"),
+            "Throughput": measured("throughput"),
+            "Final quality": measured("final_quality"),
+            "Measured vs baseline": "—" if is_base or r["n_seeds"] == 0 else
+            f"time {_pct(r['measured_time_change'])}, memory {_pct(r['measured_memory_change'])}, "
+            f"throughput {_pct(r['measured_throughput_change'])}",
+        })
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ Table IV
+def scaling_table(rows: list[dict], *, task: str = "cifar10") -> pd.DataFrame:
+    """Table IV from scaling rows ``{world_size, config, throughput, efficiency, modelled}``:
+    each row marked measured or modelled, with the paper's GPU row beside it (CIFAR-10)."""
+    paper = {row["gpus"]: row for row in paper_claims()["table4_scaling_cifar10"]} if task == "cifar10" else {}
+    out = []
+    for row in rows:
+        for field in ("world_size", "config", "throughput", "efficiency"):
+            if field not in row:
+                _fail("rows", row, f"dicts with keys world_size, config, throughput, efficiency, modelled (missing {field!r})")
+        claim = paper.get(row["world_size"], {})
+        kind = "baseline" if row["config"] == "baseline" else "optimized"
+        core = ("world_size", "config", "throughput", "efficiency", "modelled", "source")
+        out.append(dict(
+            world_size=int(row["world_size"]), config=row["config"],
+            throughput=_number(row["throughput"]), efficiency=_number(row["efficiency"]),
+            source="modelled" if row.get("modelled") else "measured",
+            source_detail=row.get("source", ""),
+            paper_throughput=claim.get(f"{kind}_img_s", math.nan),
+            paper_efficiency=claim.get(f"{kind}_efficiency", math.nan),
+            **{k: v for k, v in row.items() if k not in core},
+        ))
+    frame = pd.DataFrame(out)
+    if not len(frame):
+        return frame
+    return frame.sort_values(["config", "source", "world_size"], kind="stable").reset_index(drop=True)
+
+
+def format_scaling_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Table IV as a reader sees it: measured and modelled rows apart, paper beside them."""
+    rows = []
+    for _, r in table.iterrows():
+        rows.append({
+            "World size": int(r["world_size"]), "Configuration": r["config"], "Source": r["source"],
+            "Precision run": r.get("precision", "—") or "—",
+            "Throughput (items/s)": format_value(r["throughput"], "throughput"),
+            "Efficiency T_n/(n·T_1)": "—" if not math.isfinite(r["efficiency"]) else f"{100 * r['efficiency']:.1f}%",
+            "Paper throughput (img/s, GPUs)": _paper_value(r["paper_throughput"], ""),
+            "Paper efficiency": "—" if not math.isfinite(r["paper_efficiency"]) else f"{100 * r['paper_efficiency']:.1f}%",
+        })
+    return pd.DataFrame(rows)
+
+
+# Captions, Markdown/CSV writing and the reports index live in reports_index; re-exported here.
+from .reports_index import (caption, format_bytes_frame, format_number, markdown_table, run_context,  # noqa: E402,F401
+                            write_reports_index, write_table)

@@ -1,0 +1,249 @@
+"""Figures of the reports (PNG): quality vs training time, memory breakdown, scaling, and the
+adaptive-k / gradient-noise trajectory.
+
+Each function returns a `matplotlib.figure.Figure` (no pyplot global state, so a notebook shows
+it once and tests need no display). Every title names the data that really ran -- the record's
+``data_source`` -- so a stand-in is never presented as CIFAR-10 or WikiText-2.
+"""
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from .reports import aggregate
+
+STYLE = "whitegrid"
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+def _select(records: list[dict], task: str, configs=None) -> list[dict]:
+    chosen = [r for r in records if r["task"] == task and (configs is None or r["config_name"] in configs)]
+    if configs is not None:  # keep the caller's order (e.g. the ablation ladder)
+        chosen.sort(key=lambda r: (list(configs).index(r["config_name"]), r.get("seed", 0)))
+    return chosen
+
+
+def figure_title(what: str, records: list[dict], width: int = 80) -> str:
+    """``what`` followed by the data source(s) and profile of `records`, wrapped at `width`."""
+    sources = "; ".join(sorted({r.get("data_source", "?") for r in records})) or "no runs"
+    profiles = ", ".join(sorted({str(r.get("profile")) for r in records}))
+    return "\n".join(textwrap.wrap(f"{what} — data: {sources} (profile {profiles})", width))
+
+
+def _new_figure(ncols: int = 1, width: float = 7.5, height: float = 4.5):
+    with sns.axes_style(STYLE):
+        fig = Figure(figsize=(width * ncols, height), layout="constrained")
+        axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    return fig, axes
+
+
+def _palette(names) -> dict:
+    names = list(dict.fromkeys(names))
+    return dict(zip(names, sns.color_palette("tab10", max(len(names), 1))))
+
+
+def _empty(fig: Figure, ax, message: str) -> Figure:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+    return fig
+
+
+# ------------------------------------------------------------------ quality vs time
+def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
+    """Evaluation quality vs training time (evaluation excluded), one line per configuration
+    and seed, with the profile's target as a dashed line (accuracy in %, perplexity on a log
+    axis)."""
+    chosen = _select(records, task, configs)
+    fig, (ax,) = _new_figure()
+    if not chosen:
+        return _empty(fig, ax, f"no complete runs for task {task!r}")
+    colors = _palette(r["config_name"] for r in chosen)
+    accuracy = chosen[0]["metrics"].get("quality_name") == "accuracy"
+    seen = set()
+    for r in chosen:
+        times = [h["time_s"] for h in r["history"]]
+        values = [h["quality"] * (100 if accuracy else 1) for h in r["history"]]
+        label = r["config_name"] if r["config_name"] not in seen else None
+        seen.add(r["config_name"])
+        ax.plot(times, values, marker="o", ms=3, color=colors[r["config_name"]], label=label, alpha=0.9)
+    target = chosen[0]["metrics"].get("target")
+    if target is not None:
+        ax.axhline(target * (100 if accuracy else 1), color="black", ls="--", lw=1,
+                   label=f"target {target * 100:.0f}%" if accuracy else f"target PPL {target:g}")
+    if not accuracy:
+        ax.set_yscale("log")
+    ax.set_xlabel("training time (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy (%)" if accuracy else "validation perplexity (log scale)")
+    ax.legend(fontsize=8)
+    ax.set_title(figure_title("Quality vs training time", chosen), fontsize=9)
+    return fig
+
+
+# ------------------------------------------------------------------ memory breakdown
+def memory_breakdown_frame(records: list[dict], task: str, *, configs=None) -> pd.DataFrame:
+    """Mean bytes per memory category (parameters, gradients, optimizer state, activations, ...)
+    per configuration; configurations without a breakdown get one "peak (no breakdown)" bar."""
+    rows = []
+    for r in _select(records, task, configs):
+        breakdown = r["metrics"].get("memory_breakdown_bytes") or {}
+        if not breakdown:
+            breakdown = {"peak (no breakdown)": r["metrics"].get("peak_memory_bytes") or 0}
+        for category, value in breakdown.items():
+            rows.append(dict(config_name=r["config_name"], seed=r.get("seed"), category=category, bytes=float(value or 0)))
+    frame = pd.DataFrame(rows, columns=["config_name", "seed", "category", "bytes"])
+    if frame.empty:
+        return frame
+    order = list(dict.fromkeys(frame["config_name"]))
+    table = frame.groupby(["config_name", "category"], sort=False)["bytes"].mean().unstack(fill_value=0.0)
+    return table.reindex(order)
+
+
+def memory_breakdown_bars(records: list[dict], task: str, *, configs=None) -> Figure:
+    """Stacked bars: where each configuration's peak memory goes (MiB), mean over seeds."""
+    chosen = _select(records, task, configs)
+    table = memory_breakdown_frame(chosen, task)
+    fig, (ax,) = _new_figure(width=max(6.0, 1.2 * len(table) + 3))
+    if table.empty:
+        return _empty(fig, ax, f"no complete runs for task {task!r}")
+    colors = _palette(table.columns)
+    bottom = [0.0] * len(table)
+    for category in table.columns:
+        heights = (table[category] / 2**20).tolist()
+        ax.bar(range(len(table)), heights, bottom=bottom, label=category, color=colors[category])
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    peaks = aggregate(chosen).set_index("config_name")["peak_memory_bytes_mean"]
+    for i, name in enumerate(table.index):
+        if name in peaks and math.isfinite(peaks[name]):
+            ax.plot([i - 0.4, i + 0.4], [peaks[name] / 2**20] * 2, color="black", lw=1.5,
+                    label="measured peak" if i == 0 else None)
+    ax.set_xticks(range(len(table)), table.index, rotation=30, ha="right")
+    ax.set_ylabel("memory (MiB)")
+    ax.legend(fontsize=8)
+    ax.set_title(figure_title("Memory breakdown at the tracked training step", chosen,
+                              width=int(11 * fig.get_figwidth())), fontsize=9)
+    return fig
+
+
+# ------------------------------------------------------------------ scaling
+def scaling_plot(table: pd.DataFrame) -> Figure:
+    """Throughput and scaling efficiency T_n/(n·T_1) vs world size; measured points solid,
+    modelled points hollow with dashed lines; the paper's GPU values as grey crosses."""
+    fig, axes = _new_figure(ncols=2, width=6.0)
+    if table is None or len(table) == 0:
+        return _empty(fig, axes[0], "no scaling rows")
+    colors = _palette(table["config"])
+    for config, group in table.groupby("config", sort=False):
+        group = group.sort_values("world_size")
+        measured = group[group["source"] == "measured"]
+        modelled = group[group["source"] == "modelled"]
+        if len(modelled) and len(measured) and modelled["world_size"].min() > measured["world_size"].max():
+            modelled = pd.concat([measured.tail(1), modelled])  # draw the extension from the last measurement
+        for ax, column in zip(axes, ("throughput", "efficiency")):
+            if len(measured):
+                ax.plot(measured["world_size"], measured[column], "o-", color=colors[config], label=f"{config} (measured)")
+            if len(modelled):
+                ax.plot(modelled["world_size"], modelled[column], "o--", mfc="none", color=colors[config],
+                        label=f"{config} (modelled)")
+        # only the efficiency is comparable across hardware; the paper's img/s are GPU numbers
+        if "paper_efficiency" in group and group["paper_efficiency"].notna().any():
+            axes[1].plot(group["world_size"], group["paper_efficiency"], "x", color=colors[config], ms=8,
+                         label=f"{config} (paper, 4x RTX 3090)")
+    axes[0].set_ylabel("throughput (items/s)")
+    axes[1].set_ylabel("scaling efficiency T_n / (n·T_1)")
+    for ax in axes:
+        ax.set_xlabel("world size (processes / devices)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=8)
+    title = "Data-parallel scaling (Table IV)"
+    if "data_source" in table:
+        title += " — data: " + "; ".join(sorted(set(table["data_source"].dropna().astype(str))))
+    fig.suptitle("\n".join(textwrap.wrap(title, 120)), fontsize=9)
+    return fig
+
+
+# ------------------------------------------------------------------ adaptive k and noise
+def noise_trajectory(records: list[dict], task: str, *, configs=None) -> Figure:
+    """Adaptive accumulation over training: the chosen k and the smoothed gradient-noise scale
+    B_simple = tr(Σ)/|G|² (eqs. 6-7) per optimizer step, against samples consumed."""
+    chosen = [r for r in _select(records, task, configs) if r.get("steps")]
+    fig, axes = _new_figure(ncols=2, width=6.0)
+    if not chosen:
+        return _empty(fig, axes[0], f"no runs with per-step statistics for task {task!r}")
+    colors = _palette(r["config_name"] for r in chosen)
+    seen = set()
+    for r in chosen:
+        steps = r["steps"]
+        samples = [s["samples_consumed"] for s in steps]
+        label = r["config_name"] if r["config_name"] not in seen else None
+        seen.add(r["config_name"])
+        axes[0].step(samples, [s["k"] for s in steps], where="post", color=colors[r["config_name"]], label=label)
+        noise = [(x, s["b_simple"]) for x, s in zip(samples, steps) if s.get("b_simple")]
+        if noise:
+            axes[1].plot(*zip(*noise), color=colors[r["config_name"]], label=label)
+    axes[0].set_ylabel("accumulation steps k")
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[1].set_ylabel("B_simple (samples, log scale)")
+    if axes[1].has_data():
+        axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("samples consumed")
+        if ax.has_data():
+            ax.legend(fontsize=8)
+    fig.suptitle(figure_title("Adaptive k and gradient-noise scale", chosen), fontsize=9)
+    return fig
+
+
+# ------------------------------------------------------------------ operation categories
+def op_category_bars(frame: pd.DataFrame, records: list[dict] | None = None) -> Figure:
+    """Self time per item (ms) by operation category, one panel per task, bars per
+    configuration (`analysis_profile.profile_operations` rows); the title names the data of
+    `records` (runs of the same tasks and profile)."""
+    tasks = list(dict.fromkeys(frame["task"])) if len(frame) else []
+    fig, axes = _new_figure(ncols=max(len(tasks), 1), width=6.5)
+    if not tasks:
+        return _empty(fig, axes[0], "no profiler rows")
+    configs = list(dict.fromkeys(frame["config"]))
+    colors = _palette(configs)
+    for ax, task in zip(axes, tasks):
+        part = frame[frame["task"] == task]
+        categories = list(dict.fromkeys(part["category"]))
+        width = 0.8 / len(configs)
+        for j, config in enumerate(configs):
+            values = part[part["config"] == config].set_index("category")["time_per_item_ms"].reindex(categories)
+            ax.bar([i + (j - (len(configs) - 1) / 2) * width for i in range(len(categories))], values,
+                   width=width, color=colors[config], label=config)
+        ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+        ax.set_ylabel(f"self time per item (ms, {part['clock'].iloc[0]} clock)")
+        ax.set_title(task_label(task, records or []), fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle(figure_title("Where a training step's time goes (torch.profiler)",
+                              [r for r in records or [] if r["task"] in tasks], width=120), fontsize=9)
+    return fig
+
+
+def task_label(task: str, records: list[dict]) -> str:
+    """The model of `task` as run (from the records), else the task's model family."""
+    models = sorted({r.get("model_name") for r in records if r["task"] == task and r.get("model_name")})
+    return "; ".join(models) or {"cifar10": "ResNet task", "wikitext2": "GPT-2 task"}.get(task, task)
+
+
+# ------------------------------------------------------------------ saving
+def save_figure(fig: Figure, out_dir: str | os.PathLike, name: str, *, dpi: int = 120) -> Path:
+    """Write `fig` as ``<out_dir>/<name>.png`` and return the path."""
+    if not isinstance(name, str) or not name or any(ch in name for ch in "/\\ "):
+        _fail("name", name, "a non-empty file stem without slashes or spaces")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=dpi)
+    return path

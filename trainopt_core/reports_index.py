@@ -1,0 +1,239 @@
+"""Captions, CSV + Markdown table files, and ``reports/README.md`` (SPEC §6).
+
+Every caption names the data that really ran -- the record's ``data_source`` string, so a
+stand-in is never presented as CIFAR-10 or WikiText-2 -- plus the profile, the precision that
+actually ran (with the profile's notes, e.g. fp16 -> bf16 on CPU) and the hardware.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+# Layout of one profile's folder under reports/.
+SUBDIRS = {"runs": "JSON run records", "tables": "CSV numbers + captioned Markdown",
+           "figures": "PNG", "notebooks": "the executed notebooks"}
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+# ------------------------------------------------------------------ manifest
+def _flatten(value, prefix: str = "") -> dict[str, str]:
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, (list, tuple)):
+        return {prefix: ", ".join(str(v) for v in value)}
+    return {prefix: str(value)}
+
+
+def _find(manifest: dict, *words: str) -> dict[str, str]:
+    flat = _flatten(manifest)
+    return {k: v for k, v in flat.items() if any(w in k.lower() for w in words) and v not in ("None", "")}
+
+
+def describe_hardware(manifest: dict) -> str:
+    """One line naming the device(s) of a run from its manifest (`measure.run_manifest`):
+    GPU names (and driver) when CUDA ran, else the CPU model and its logical cores."""
+    if not manifest:
+        return ""
+    hardware = manifest.get("hardware") or {}
+    gpus = [g for g in hardware.get("gpus") or [] if isinstance(g, dict)]
+    device = str(manifest.get("device") or "")
+    if gpus and not device.startswith("cpu"):
+        names = [g.get("name", "?") for g in gpus]
+        counts = {n: names.count(n) for n in dict.fromkeys(names)}
+        driver = gpus[0].get("driver")
+        return "GPU " + ", ".join(f"{c}x {n}" for n, c in counts.items()) + (f" (driver {driver})" if driver else "")
+    if hardware.get("cpu_model") or hardware.get("cpu_logical_cores"):
+        cores = hardware.get("cpu_logical_cores")
+        return f"CPU {hardware.get('cpu_model') or 'unknown model'}" + (f" ({cores} logical cores)" if cores else "")
+    # another manifest layout: whatever names a device
+    found = _find(manifest, "gpu", "cpu", "device")
+    return "; ".join(f"{k}={v}" for k, v in list(found.items())[:3])
+
+
+def describe_manifest(records: list[dict]) -> dict[str, str]:
+    """The environment of a set of runs, for the reports index: data sources, models, hardware,
+    library versions, git commit(s) and the date range, gathered from the records' manifests."""
+    def distinct(values):
+        return "; ".join(sorted({str(v) for v in values if v})) or "—"
+
+    manifests = [r.get("manifest", {}) or {} for r in records]
+    versions: dict[str, set] = {}
+    for m in manifests:
+        libraries = m.get("libraries") or m.get("versions") or {}
+        for name, version in (libraries.items() if isinstance(libraries, dict) else []):
+            if version:
+                versions.setdefault(name, set()).add(str(version))
+    commits = []
+    for m in manifests:
+        git = m.get("git") if isinstance(m.get("git"), dict) else {}
+        commit = git.get("commit") or m.get("git_commit")
+        if commit:
+            commits.append(f"{commit}{' (uncommitted changes)' if git.get('dirty') else ''}")
+    dates = sorted(str(m.get("date_utc") or m.get("date")) for m in manifests if m.get("date_utc") or m.get("date"))
+    return {
+        "Data": distinct(r.get("data_source") for r in records),
+        "Models": distinct(r.get("model_name") for r in records),
+        "Hardware": distinct(describe_hardware(m) for m in manifests),
+        "Versions": ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in sorted(versions.items())) or "—",
+        "Git commit": distinct(commits),
+        "Date (UTC)": (dates[0] if dates[0] == dates[-1] else f"{dates[0]} … {dates[-1]}") if dates else "—",
+        "Runs": f"{len(records)} complete record(s): " + distinct(
+            f"{r.get('task')}/{r.get('config_name')}" for r in records),
+    }
+
+
+# ------------------------------------------------------------------ captions
+def run_context(records: list[dict]) -> dict:
+    """What the reader must know to read a table: data source, model, profile, the precision
+    that actually ran (with the profile's notes), hardware and number of seeds."""
+    def distinct(values):
+        return sorted({str(v) for v in values if v})
+
+    notes = distinct(n for r in records for n in r.get("notes", []))
+    precisions = {}
+    for r in records:
+        precisions.setdefault(r.get("config", {}).get("precision"), []).append(r["config_name"])
+    precision = "; ".join(f"{p} ({', '.join(dict.fromkeys(names))})" for p, names in sorted(precisions.items(), key=str))
+    return dict(
+        data_source="; ".join(distinct(r.get("data_source") for r in records)) or "no runs",
+        model="; ".join(distinct(r.get("model_name") for r in records)) or "—",
+        profile=", ".join(distinct(r.get("profile") for r in records)) or "—",
+        precision=precision or "—",
+        notes=notes,
+        hardware="; ".join(distinct(describe_hardware(r.get("manifest", {})) for r in records)) or "unknown",
+        seeds=len({r.get("seed") for r in records}),
+    )
+
+
+def caption(title: str, records: list[dict]) -> str:
+    """A table/figure caption naming the data that really ran (a stand-in says so)."""
+    ctx = run_context(records)
+    text = (f"{title}. Data: {ctx['data_source']}. Model: {ctx['model']}. Profile: {ctx['profile']}, "
+            f"{ctx['seeds']} seed(s). Precision run: {ctx['precision']}. Hardware: {ctx['hardware']}.")
+    if ctx["notes"]:
+        text += " Notes: " + "; ".join(ctx["notes"]) + "."
+    return text
+
+
+# ------------------------------------------------------------------ tables on disk
+def format_number(value: float) -> str:
+    """A float for a table cell: thousands separators, 4 significant digits, no exponent
+    unless tiny; NaN -> "—"."""
+    if value is None or math.isnan(value):
+        return "—"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 1 or magnitude == 0:
+        return f"{value:.4g}"
+    if magnitude >= 1e-4:
+        return f"{value:.4f}".rstrip("0")
+    return f"{value:.2e}"
+
+
+def format_bytes_frame(frame: pd.DataFrame, *, keep=("vs", "change", "share", "fraction")) -> pd.DataFrame:
+    """A copy of a table of byte counts for reading: numeric columns in MiB, except columns
+    whose name contains one of `keep` (relative changes), shown as signed percentages."""
+    shown = frame.copy()
+    for column in shown.columns:
+        if not pd.api.types.is_numeric_dtype(shown[column]):
+            continue
+        if any(word in str(column) for word in keep):
+            shown[column] = [("—" if pd.isna(v) else f"{100 * v:+.1f}%") for v in shown[column]]
+        else:
+            shown[column] = [("—" if pd.isna(v) else f"{v / 2**20:,.3f} MiB") for v in shown[column]]
+    return shown
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table (no extra dependency)."""
+    if frame.empty:
+        return "_(no rows)_\n"
+
+    def cell(value):
+        if isinstance(value, float):
+            value = format_number(value)
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    header = "| " + " | ".join(cell(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def write_table(table: pd.DataFrame, out_dir: str | os.PathLike, name: str, caption_text: str,
+                display: pd.DataFrame | None = None) -> dict[str, Path]:
+    """Write ``<name>.csv`` (the numbers of `table`) and ``<name>.md`` (the caption, then
+    `display` -- default `table` -- as Markdown) under `out_dir`; returns both paths."""
+    if not isinstance(name, str) or not name or any(ch in name for ch in "/\\ "):
+        _fail("name", name, "a non-empty file stem without slashes or spaces")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out / f"{name}.csv", out / f"{name}.md"
+    table.to_csv(csv_path, index=False)
+    shown = display if display is not None else table
+    md_path.write_text(f"**{name}** — {caption_text}\n\n{markdown_table(shown)}")
+    return {"csv": csv_path, "markdown": md_path}
+
+
+# ------------------------------------------------------------------ reports/README.md
+def _profile_dirs(root: Path) -> list[Path]:
+    order = {"smoke": 0, "quick": 1, "paper": 2}
+    found = [p for p in root.iterdir() if p.is_dir() and any((p / sub).is_dir() for sub in SUBDIRS)] if root.is_dir() else []
+    return sorted(found, key=lambda p: (order.get(p.name, 9), p.name))
+
+
+def write_reports_index(reports_root: str | os.PathLike) -> Path:
+    """Write ``<reports_root>/README.md``: for every profile present, the environment of its
+    runs (from the records' manifests), every table inline, every figure linked and the
+    executed notebooks. Returns the path."""
+    from .reports import load_records, resolve_reports_dir
+
+    root = resolve_reports_dir(reports_root)
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["# Reports", "",
+             "Generated from the JSON run records by the notebooks (`./run_all.sh`). Each profile folder "
+             "holds " + ", ".join(f"`{k}/` ({v})" for k, v in SUBDIRS.items()) + ".",
+             "Paper values are the paper's claims; measured values come from the runs listed. "
+             "A claim is *held* when the measured change has the claimed sign and at least half the "
+             "claimed size (quality: within ±0.5 % or the seed noise, else it says whether the optimized "
+             "run was better or worse); *direction only* when the sign matches but the size is smaller.", ""]
+    profiles = _profile_dirs(root)
+    if not profiles:
+        lines += ["_No profile has been run yet._", ""]
+    for folder in profiles:
+        rel = folder.relative_to(root).as_posix()
+        records = load_records(root, folder.name)
+        lines += [f"## Profile `{folder.name}`", "", "### Environment", ""]
+        lines += [f"- **{k}:** {v}" for k, v in describe_manifest(records).items()] + [""]
+        # the paper's tables (table1..table4) first, then the error-analysis tables
+        tables = sorted((folder / "tables").glob("*.md"), key=lambda p: (not p.stem.startswith("table"), p.stem)) \
+            if (folder / "tables").is_dir() else []
+        lines += ["### Tables", ""]
+        for table in tables:
+            lines += [table.read_text().rstrip(), "",
+                      f"CSV: [{rel}/tables/{table.stem}.csv]({rel}/tables/{table.stem}.csv)", ""]
+        if not tables:
+            lines += ["_No tables yet._", ""]
+        figures = sorted((folder / "figures").glob("*.png")) if (folder / "figures").is_dir() else []
+        lines += ["### Figures", ""]
+        for figure in figures:
+            lines += [f"![{figure.stem}]({rel}/figures/{figure.name})", "", f"[{figure.stem}]({rel}/figures/{figure.name})", ""]
+        if not figures:
+            lines += ["_No figures yet._"]
+        notebooks = sorted((folder / "notebooks").glob("*.ipynb")) if (folder / "notebooks").is_dir() else []
+        lines += ["", "### Executed notebooks", ""]
+        lines += [f"- [{n.name}]({rel}/notebooks/{n.name})" for n in notebooks] or ["_None yet._"]
+        lines += [""]
+    path = root / "README.md"
+    path.write_text("\n".join(lines))
+    return path
