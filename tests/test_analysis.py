@@ -1,0 +1,178 @@
+"""Error analysis (phases, components, eq. 21, noise, operations, activations) and the
+explorer's computations. Run records here are synthetic test fixtures, not results."""
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import record_function
+
+from test_reports import make_record
+from trainopt_core import ABLATION_LADDER, OptimizationConfig, analysis, analysis_profile, explorer
+from trainopt_core.checkpointing import expected_saved_fraction
+
+
+def with_clock(record, seconds_per_step):
+    """Give a synthetic record one step per 32 samples at the given per-step durations."""
+    clock, steps = 0.0, []
+    for i, dt in enumerate(seconds_per_step):
+        clock += dt
+        steps.append(dict(record["steps"][0], step=i + 1, time_s=clock, samples_consumed=32 * (i + 1), k=4 + i % 3,
+                          b_simple=float(10 * (i + 1)), effective_batch_size=32))
+    record["steps"] = steps
+    return record
+
+
+# ------------------------------------------------------------------ phases
+def test_phase_speedups_split_time_saved_by_thirds_of_the_samples():
+    base = with_clock(make_record(config="baseline"), [1.0] * 6)
+    opt = with_clock(make_record(config="optimized"), [0.5, 0.5, 0.75, 0.75, 1.0, 1.0])
+    table = analysis.phase_speedups([base, opt], "cifar10").set_index("phase")
+    assert list(table.index) == ["early", "middle", "late"]
+    assert table.loc["early", "baseline_s"] == pytest.approx(2.0)
+    assert table.loc["early", "optimized_s"] == pytest.approx(1.0)
+    assert table.loc["early", "speedup"] == pytest.approx(2.0)
+    # saved: early 1.0 s, middle 0.5 s, late 0 s
+    assert table.loc["early", "share_of_time_saved"] == pytest.approx(2 / 3)
+    assert table["share_of_time_saved"].sum() == pytest.approx(1.0)
+
+
+def test_time_at_samples_interpolates_the_step_clock():
+    record = with_clock(make_record(), [1.0, 3.0])
+    assert analysis.time_at_samples(record, [16, 48]).tolist() == pytest.approx([0.5, 2.5])
+
+
+# ------------------------------------------------------------------ components and eq. 21
+def contribution_records():
+    return [make_record(config="baseline", throughput=100.0, peak_memory_bytes=1000),
+            make_record(config="optimized", throughput=150.0, peak_memory_bytes=600),
+            make_record(config="-mixed_precision", throughput=100.0, peak_memory_bytes=700),
+            make_record(config="-checkpointing", throughput=165.0, peak_memory_bytes=900)]
+
+
+def test_component_contributions_from_leave_one_out():
+    table = analysis.component_contributions(contribution_records(), "cifar10").set_index("component")
+    assert table.loc["mixed_precision", "throughput_contribution"] == pytest.approx(0.5)
+    assert table.loc["checkpointing", "throughput_contribution"] == pytest.approx(150 / 165 - 1)
+    assert table.loc["checkpointing", "memory_saving"] == pytest.approx(1 / 3)
+    patterns = analysis.architecture_patterns(contribution_records()).set_index("task")
+    assert patterns.loc["cifar10", "best_for_throughput"] == "mixed_precision"
+    assert patterns.loc["cifar10", "best_for_memory"] == "checkpointing"
+
+
+def test_eq21_predicts_net_speedup_from_gain_and_recompute_overhead():
+    records = contribution_records()
+    from_records = analysis.eq21_decomposition(records, "cifar10")
+    assert from_records["throughput_gain"] == pytest.approx(1.65)
+    assert from_records["recompute_overhead"] == pytest.approx(0.1)
+    assert from_records["predicted_net_speedup"] == pytest.approx(from_records["measured_net_speedup"])  # identity
+    direct = analysis.eq21_decomposition(records, "cifar10", recompute_overhead=0.2)
+    assert direct["predicted_net_speedup"] == pytest.approx(1.65 / 1.2)
+    assert direct["measured_net_speedup"] == pytest.approx(1.5)
+    assert direct["paper_net_speedup"] == 1.27
+
+
+def test_noise_by_phase_averages_k_and_b_simple_per_third_of_the_steps():
+    record = with_clock(make_record(config="optimized"), [1.0] * 6)  # k = 4,5,6,4,5,6; B = 10..60
+    table = analysis.noise_by_phase([record], "cifar10").set_index("phase")
+    assert table.loc["early", "mean_k"] == pytest.approx(4.5)
+    assert table.loc["late", "median_b_simple"] == pytest.approx(55.0)
+
+
+def test_memory_by_category_compares_with_the_baseline():
+    records = [make_record(config="baseline", breakdown={"activations": 400.0, "parameters": 100.0}),
+               make_record(config="optimized", breakdown={"activations": 100.0, "parameters": 100.0})]
+    table = analysis.memory_by_category(records, "cifar10")
+    assert table.loc["activations", "optimized vs baseline"] == pytest.approx(-0.75)
+    assert table.loc["parameters", "optimized vs baseline"] == pytest.approx(0.0)
+
+
+# ------------------------------------------------------------------ operations and activations
+@pytest.mark.parametrize("name, category", [
+    ("aten::mkldnn_convolution", "convolution"),
+    ("autograd::engine::evaluate_function: ConvolutionBackward0", "convolution"),
+    ("aten::addmm", "matmul/attention"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "matmul/attention"),
+    ("aten::native_layer_norm_backward", "normalization"),
+    ("aten::threshold_backward", "element-wise"),
+    ("aten::add_", "element-wise"),
+    ("c10d::allreduce_", "communication"),
+    ("aten::empty", "other"),
+])
+def test_op_category(name, category):
+    assert analysis_profile.op_category(name) == category
+
+
+def test_profile_training_steps_attributes_time_to_categories():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 64, 10))
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step():
+        loss = nn.functional.cross_entropy(model(torch.randn(8, 3, 8, 8)), torch.randint(0, 10, (8,)))
+        loss.backward()
+        with record_function(analysis_profile.OPTIMIZER_REGION):
+            optimizer.step()
+            optimizer.zero_grad()
+        return 8
+
+    table = analysis_profile.profile_training_steps(step, steps=2).set_index("category")
+    assert table["share"].sum() == pytest.approx(1.0)
+    for category in ("convolution", "matmul/attention", "normalization", "optimizer"):
+        assert table.loc[category, "self_time_ms"] > 0, category
+    assert table.loc["communication", "self_time_ms"] == 0
+    assert table.loc["optimizer", "time_per_item_ms"] == pytest.approx(table.loc["optimizer", "self_time_ms"] / 16)
+
+
+def test_activation_bytes_are_attributed_to_the_module_type_that_saved_them():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+    counts = analysis_profile.activation_bytes_by_module_type(model, lambda: model(x).sum())
+    # Linear saves its input (4x8 fp32); ReLU saves its output (4x16), which the second Linear
+    # saves again (counted once); weights are parameters and are not counted.
+    assert counts == {"ReLU": 4 * 16 * 4, "Linear": 4 * 8 * 4}
+
+
+# ------------------------------------------------------------------ explorer
+def test_predict_memory_follows_eqs_8_17_19():
+    model = explorer.MemoryModel(num_parameters=1000, activation_bytes_per_sample=100.0, num_blocks=16)
+    plain = explorer.predict_memory_bytes(model, effective_batch_size=32)
+    assert plain == dict(parameters=4000, gradients=4000, optimizer_state=8000, activations=3200, total=19200)
+    optimized = explorer.predict_memory_bytes(model, effective_batch_size=32, k=4, precision="bf16", segments="sqrt")
+    assert optimized["parameters"] == 2000 and optimized["gradients"] == 2000
+    assert optimized["activations"] == pytest.approx(800 * expected_saved_fraction(16, "sqrt"))
+    with pytest.raises(ValueError, match="k=0"):
+        explorer.predict_memory_bytes(model, effective_batch_size=32, k=0)
+
+
+def test_memory_model_calibrates_on_a_baseline_record():
+    record = make_record(breakdown={"activations": 800.0})
+    record["profile_settings"] = {"model": {"layers": [1, 1, 1, 1], "width": 4}}
+    model = explorer.memory_model_from_record(record)
+    assert model.activation_bytes_per_sample == 100.0 and model.num_blocks == 4
+
+
+def test_config_from_components_reproduces_the_presets():
+    full = explorer.config_from_components(explorer.EXPLORER_COMPONENTS, k=4, adaptive=True, precision="fp16")
+    assert full.replace(name="optimized") == OptimizationConfig.optimized()
+    accumulation = explorer.config_from_components({"accumulation"}, k=4, adaptive=False)
+    assert accumulation.replace(name="+accumulation") == ABLATION_LADDER[1]
+    with pytest.raises(ValueError, match="components"):
+        explorer.config_from_components({"turbo"})
+
+
+def test_explore_matches_a_bf16_run_to_a_fp16_choice_and_shows_both_columns():
+    base = make_record(config="baseline", breakdown={"activations": 800.0})
+    base["profile_settings"] = {"model": {"layers": [1, 1, 1, 1], "width": 4}}
+    base["config"] = OptimizationConfig.baseline().to_dict()
+    opt = make_record(config="optimized", throughput=1234.0)
+    opt["config"] = OptimizationConfig.optimized().replace(precision="bf16").to_dict()
+    choice = explorer.config_from_components(explorer.EXPLORER_COMPONENTS, precision="fp16")
+    assert explorer.find_measured([base, opt], "cifar10", choice) == [opt]
+    table = explorer.explore([base, opt], "cifar10", choice).set_index("quantity")
+    assert table.loc["throughput", "measured"] == 1234.0
+    assert table.loc["memory: activations", "predicted"] == pytest.approx(
+        100.0 * 8 / 4 * expected_saved_fraction(4, "sqrt"))
+    assert not math.isnan(table.loc["memory: total", "measured"])
+    shown = explorer.format_explore(table.reset_index()).set_index("quantity")
+    assert shown.loc["throughput", "measured"] == "1,234" and shown.loc["memory: total", "measured"].endswith(" MiB")
+    assert explorer.explorer_app([base, opt]) is not None  # the widget panel builds headless

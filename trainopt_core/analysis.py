@@ -1,0 +1,205 @@
+"""Error analysis from run records (paper §V-D): where the gains come from.
+
+- by training phase: the time each configuration needs for the early / middle / late third of
+  the training samples, from the records' per-step clocks, and each phase's share of the time
+  saved (the paper: 35 % of the improvement in early training);
+- by component: leave-one-out -- what removing each component from the optimized
+  configuration costs in throughput and memory (the paper: mixed precision is the CNN's best
+  component, activation checkpointing the transformer's);
+- memory by category (parameters, gradients, optimizer state, activations, temporaries);
+- the eq. 21 decomposition  Speedup_net = Throughput_gain / (1 + Recomputation_overhead);
+- the adaptive-k and gradient-noise (B_simple) trajectory by phase.
+
+Operation-level profiles (torch.profiler) and timings live in `analysis_profile`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from .config import COMPONENTS
+from .reports import aggregate, paper_claims, relative_change
+from .reports_figures import memory_breakdown_frame
+
+PHASES = ("early", "middle", "late")
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+def _pick(records: list[dict], task: str, config: str) -> list[dict]:
+    return [r for r in records if r["task"] == task and r["config_name"] == config]
+
+
+# ------------------------------------------------------------------ by training phase
+def time_at_samples(record: dict, samples: np.ndarray) -> np.ndarray:
+    """Training time (s) at which the run had consumed `samples` samples, interpolated on the
+    record's per-step clock (evaluation excluded), starting from (0 samples, 0 s)."""
+    steps = record.get("steps") or []
+    if not steps:
+        _fail("record", record.get("config_name"), "a run record with per-step statistics ('steps')")
+    consumed = np.array([0.0] + [s["samples_consumed"] for s in steps])
+    clock_s = np.array([0.0] + [s["time_s"] for s in steps])
+    return np.interp(samples, consumed, clock_s)
+
+
+def phase_times(record: dict, num_phases: int = 3, total_samples: float | None = None) -> list[float]:
+    """Seconds spent on each of `num_phases` equal slices of the training samples."""
+    if not isinstance(num_phases, int) or num_phases < 1:
+        _fail("num_phases", num_phases, "an integer >= 1")
+    total = total_samples or record["steps"][-1]["samples_consumed"]
+    edges = time_at_samples(record, np.linspace(0.0, total, num_phases + 1))
+    return list(np.diff(edges))
+
+
+def phase_speedups(records: list[dict], task: str, *, baseline: str = "baseline", optimized: str = "optimized",
+                   num_phases: int = 3) -> pd.DataFrame:
+    """Per training phase (equal thirds of the samples both runs consumed): mean seconds of the
+    baseline and the optimized configuration over seeds, the speedup and the phase's share of
+    the total time saved."""
+    base, opt = _pick(records, task, baseline), _pick(records, task, optimized)
+    if not base or not opt:
+        return pd.DataFrame(columns=["phase", "baseline_s", "optimized_s", "speedup", "share_of_time_saved"])
+    total = min(r["steps"][-1]["samples_consumed"] for r in base + opt if r.get("steps"))
+    base_s = np.mean([phase_times(r, num_phases, total) for r in base], axis=0)
+    opt_s = np.mean([phase_times(r, num_phases, total) for r in opt], axis=0)
+    saved = base_s - opt_s
+    names = PHASES if num_phases == 3 else [f"phase {i + 1}" for i in range(num_phases)]
+    return pd.DataFrame(dict(
+        phase=names, samples_from=np.linspace(0, total, num_phases + 1)[:-1].round(), baseline_s=base_s,
+        optimized_s=opt_s, speedup=base_s / opt_s,
+        share_of_time_saved=saved / saved.sum() if saved.sum() != 0 else np.full(num_phases, math.nan),
+    ))
+
+
+# ------------------------------------------------------------------ by component
+def component_contributions(records: list[dict], task: str) -> pd.DataFrame:
+    """Leave-one-out: for each component, the throughput the optimized configuration loses and
+    the peak memory it gains when that component is removed (positive = the component helps),
+    plus the change in time to target."""
+    agg = aggregate([r for r in records if r["task"] == task])
+    if agg.empty:
+        return pd.DataFrame(columns=["component", "throughput_contribution", "memory_saving", "time_saving"])
+    by_name = agg.set_index("config_name")
+    if "optimized" not in by_name.index:
+        return pd.DataFrame(columns=["component", "throughput_contribution", "memory_saving", "time_saving"])
+    opt = by_name.loc["optimized"]
+    rows = []
+    for component in COMPONENTS:
+        name = f"-{component}"
+        if name not in by_name.index:
+            continue
+        without = by_name.loc[name]
+        rows.append(dict(
+            component=component,
+            throughput_contribution=relative_change(without["throughput_mean"], opt["throughput_mean"]),
+            memory_saving=-relative_change(without["peak_memory_bytes_mean"], opt["peak_memory_bytes_mean"]),
+            time_saving=-relative_change(without["time_to_target_s_mean"], opt["time_to_target_s_mean"]),
+        ))
+    return pd.DataFrame(rows)
+
+
+def architecture_patterns(records: list[dict]) -> pd.DataFrame:
+    """CNN vs transformer: the component contributing most throughput and most memory saving
+    per task (leave-one-out), beside the paper's claim for that architecture."""
+    claims = paper_claims()["error_analysis"]
+    paper = {"cifar10": ("CNN (ResNet)", f"speed: {claims['cnn']['best_component']} "
+                         f"(+{claims['cnn']['speedup_contribution']:.0%} speedup)"),
+             "wikitext2": ("transformer (GPT-2)", f"memory: {claims['transformer']['best_component']} "
+                           f"(-{claims['transformer']['memory_reduction']:.0%} memory)")}
+    rows = []
+    for task, (architecture, claim) in paper.items():
+        contributions = component_contributions(records, task)
+        row = dict(task=task, architecture=architecture, paper_claim=claim,
+                   best_for_throughput="—", throughput_contribution=math.nan,
+                   best_for_memory="—", memory_saving=math.nan)
+        if len(contributions):
+            speed = contributions.loc[contributions["throughput_contribution"].idxmax()]
+            memory = contributions.loc[contributions["memory_saving"].idxmax()]
+            row.update(best_for_throughput=speed["component"], throughput_contribution=speed["throughput_contribution"],
+                       best_for_memory=memory["component"], memory_saving=memory["memory_saving"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ memory
+def memory_by_category(records: list[dict], task: str, *, configs=None, reference: str = "baseline") -> pd.DataFrame:
+    """Mean bytes per memory category and configuration (rows: categories), with each
+    configuration's change vs `reference` per category."""
+    frame = memory_breakdown_frame(records, task, configs=configs)
+    if frame.empty:
+        return frame
+    table = frame.T
+    table.index.name = "category"
+    if reference in table.columns:
+        for config in [c for c in table.columns if c != reference]:
+            table[f"{config} vs {reference}"] = [relative_change(b, o) for b, o in zip(table[reference], table[config])]
+    return table
+
+
+# ------------------------------------------------------------------ eq. 21
+def eq21_decomposition(records: list[dict], task: str, *, recompute_overhead: float | None = None,
+                       without_checkpointing: str = "-checkpointing") -> dict:
+    """Eq. 21 with measured terms.
+
+    - throughput gain: throughput of the optimized configuration *without* checkpointing over
+      the baseline's;
+    - recomputation overhead: `recompute_overhead` when given (a direct timing, e.g.
+      `analysis_profile.measure_recompute_overhead`), else from the records as
+      throughput(without checkpointing) / throughput(optimized) - 1;
+    - predicted net speedup = gain / (1 + overhead), beside the measured net throughput ratio
+      optimized / baseline and the time-to-target speedup. With the overhead taken from the
+      same records the prediction equals the measurement by construction; a direct timing
+      makes it a real check.
+    """
+    agg = aggregate([r for r in records if r["task"] == task])
+    by_name = agg.set_index("config_name") if not agg.empty else pd.DataFrame()
+    claim = paper_claims()["error_analysis"]["eq21_net_speedup"]
+
+    def throughput(name):
+        return by_name.loc[name, "throughput_mean"] if name in by_name.index else math.nan
+
+    base, opt, no_cp = throughput("baseline"), throughput("optimized"), throughput(without_checkpointing)
+    gain = no_cp / base if base else math.nan
+    overhead_records = no_cp / opt - 1 if opt else math.nan
+    overhead = recompute_overhead if recompute_overhead is not None else overhead_records
+    ttt = (by_name.loc["baseline", "time_to_target_s_mean"] / by_name.loc["optimized", "time_to_target_s_mean"]
+           if {"baseline", "optimized"} <= set(by_name.index) else math.nan)
+    return dict(
+        task=task,
+        throughput_gain=gain,
+        recompute_overhead=overhead,
+        recompute_overhead_source="direct timing" if recompute_overhead is not None else "records",
+        recompute_overhead_from_records=overhead_records,
+        predicted_net_speedup=gain / (1 + overhead) if math.isfinite(gain) and math.isfinite(overhead) else math.nan,
+        measured_net_speedup=opt / base if base else math.nan,
+        time_to_target_speedup=ttt,
+        paper_throughput_gain=claim["throughput_gain"],
+        paper_recompute_overhead=claim["recompute_overhead"],
+        paper_net_speedup=claim["net"],
+    )
+
+
+# ------------------------------------------------------------------ adaptive k / noise
+def noise_by_phase(records: list[dict], task: str, *, configs=None, num_phases: int = 3) -> pd.DataFrame:
+    """Mean accumulation steps k, effective batch and gradient-noise scale B_simple per
+    training phase (equal thirds of the optimizer steps), per configuration."""
+    rows = []
+    for r in records:
+        if r["task"] != task or (configs is not None and r["config_name"] not in configs) or not r.get("steps"):
+            continue
+        for index, chunk in enumerate(np.array_split(np.arange(len(r["steps"])), num_phases)):
+            steps = [r["steps"][i] for i in chunk]
+            noise = [s["b_simple"] for s in steps if s.get("b_simple") is not None]
+            rows.append(dict(config=r["config_name"], seed=r.get("seed"),
+                             phase=PHASES[index] if num_phases == 3 else f"phase {index + 1}",
+                             mean_k=np.mean([s["k"] for s in steps]) if steps else math.nan,
+                             mean_effective_batch=np.mean([s["effective_batch_size"] for s in steps]) if steps else math.nan,
+                             median_b_simple=float(np.median(noise)) if noise else math.nan))
+    frame = pd.DataFrame(rows, columns=["config", "seed", "phase", "mean_k", "mean_effective_batch", "median_b_simple"])
+    if frame.empty:
+        return frame
+    return frame.groupby(["config", "phase"], sort=False)[["mean_k", "mean_effective_batch", "median_b_simple"]].mean().reset_index()
