@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Reproduce every table and figure: run the section notebooks headless with papermill into
+# reports/<profile>/ (executed notebooks, tables, figures, run records), then index them in
+# reports/README.md. Finished runs are reused, so an interrupted reproduction resumes.
+set -uo pipefail
+
+SECTIONS_ALL="01,02,03,04,explorer"
+notebook_for() {  # section -> notebook (a function, not an associative array: bash 3 has none)
+    case "$1" in
+        01) echo 01_main_results.ipynb ;;
+        02) echo 02_ablation.ipynb ;;
+        03) echo 03_scaling.ipynb ;;
+        04) echo 04_error_analysis.ipynb ;;
+        explorer) echo explorer.ipynb ;;
+    esac
+}
+
+usage() {
+    cat <<USAGE
+Usage: ./run_all.sh [--profile smoke|quick|paper] [--seeds N] [--sections LIST]
+                    [--tasks LIST] [--data-policy auto|real|standin]
+
+Runs the section notebooks with papermill into reports/<profile>/ and writes reports/README.md.
+
+  --profile      smoke (seconds per run), quick (default; a 2-core CPU in well under an hour),
+                 paper (the paper's setup; needs GPUs and the real data sets)
+  --seeds N      seeds per configuration, N >= 1 (default 1)
+  --sections     comma-separated subset of $SECTIONS_ALL (default: all, in this order)
+  --tasks        comma-separated subset of cifar10,wikitext2 (default: both)
+  --data-policy  auto (default: real data when present, else a labeled stand-in), real, standin
+  -h, --help     this text
+USAGE
+}
+
+fail_usage() {
+    echo "run_all.sh: $1" >&2
+    echo "Try './run_all.sh --help'." >&2
+    exit 2
+}
+
+profile=quick
+seeds=1
+sections=$SECTIONS_ALL
+tasks=cifar10,wikitext2
+data_policy=auto
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --profile|--seeds|--sections|--tasks|--data-policy)
+            [ $# -ge 2 ] || fail_usage "$1 needs a value"
+            option=$1; value=$2; shift 2 ;;
+        --profile=*|--seeds=*|--sections=*|--tasks=*|--data-policy=*)
+            option=${1%%=*}; value=${1#*=}; shift ;;
+        *) fail_usage "unknown argument '$1'" ;;
+    esac
+    case "$option" in
+        --profile) profile=$value ;;
+        --seeds) seeds=$value ;;
+        --sections) sections=$value ;;
+        --tasks) tasks=$value ;;
+        --data-policy) data_policy=$value ;;
+    esac
+done
+
+case "$profile" in smoke|quick|paper) ;; *) fail_usage "--profile '$profile' is invalid: allowed smoke, quick, paper" ;; esac
+[[ "$seeds" =~ ^[1-9][0-9]*$ ]] || fail_usage "--seeds '$seeds' is invalid: allowed an integer >= 1"
+case "$data_policy" in auto|real|standin) ;; *) fail_usage "--data-policy '$data_policy' is invalid: allowed auto, real, standin" ;; esac
+for task in ${tasks//,/ }; do
+    case "$task" in cifar10|wikitext2) ;; *) fail_usage "--tasks: '$task' is invalid: allowed cifar10, wikitext2" ;; esac
+done
+[ -n "${tasks//,/}" ] || fail_usage "--tasks '' is invalid: allowed a comma-separated subset of cifar10,wikitext2"
+selected=()
+for section in ${sections//,/ }; do
+    [ -n "$(notebook_for "$section")" ] || fail_usage "--sections: '$section' is invalid: allowed a comma-separated subset of $SECTIONS_ALL"
+    selected+=("$section")
+done
+[ ${#selected[@]} -gt 0 ] || fail_usage "--sections '' is invalid: allowed a comma-separated subset of $SECTIONS_ALL"
+
+cd "$(dirname "$0")"
+root=$PWD
+# shellcheck disable=SC1091
+. scripts/bootstrap.sh || { echo "run_all.sh: setting up the Python environment failed (see above)" >&2; exit 1; }
+
+out_dir="$root/reports/$profile/notebooks"
+mkdir -p "$out_dir"
+echo "[run_all] profile $profile, $seeds seed(s), tasks $tasks, data policy $data_policy, sections ${selected[*]}"
+failures=()
+for section in "${selected[@]}"; do
+    notebook=$(notebook_for "$section")
+    start=$(date +%s)
+    echo "[run_all] ${notebook} ..."
+    if python -m papermill "notebooks/$notebook" "$out_dir/$notebook" \
+            -p profile "$profile" -p seeds "$seeds" -p tasks "$tasks" \
+            -p reports_dir "$root/reports" -p data_policy "$data_policy" \
+            --cwd notebooks -k python3; then
+        echo "[run_all] ${notebook} done in $(( $(date +%s) - start )) s -> reports/$profile/notebooks/$notebook"
+    else
+        cell=$(python -c 'import sys; from trainopt_core.notebook_support import describe_failed_cell as d; print(d(sys.argv[1]))' \
+               "$out_dir/$notebook" 2>&1)
+        echo "[run_all] FAILED: notebooks/$notebook -- $cell" >&2
+        echo "[run_all]         the executed notebook with the error: reports/$profile/notebooks/$notebook" >&2
+        failures+=("notebooks/$notebook: $cell")
+    fi
+done
+
+python -c 'import sys; from trainopt_core.reports import write_reports_index; print("[run_all] wrote", write_reports_index(sys.argv[1]))' \
+    "$root/reports" || failures+=("reports/README.md could not be written")
+
+if [ ${#failures[@]} -gt 0 ]; then
+    echo "[run_all] ${#failures[@]} failure(s):" >&2
+    printf '[run_all]   %s\n' "${failures[@]}" >&2
+    exit 1
+fi
+echo "[run_all] all sections done; see reports/README.md"

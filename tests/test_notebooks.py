@@ -1,0 +1,118 @@
+"""The section notebooks: stored clean, executable headless in the smoke profile (papermill),
+and re-executable with the same deterministic outputs (nbval --nbval-lax on the executed
+copies: cells tagged nbval-check-output are compared with the first execution's outputs)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO / "notebooks"
+NOTEBOOKS = ["01_main_results.ipynb", "02_ablation.ipynb", "03_scaling.ipynb", "04_error_analysis.ipynb",
+             "explorer.ipynb"]
+PARAMETER_DEFAULTS = ['profile = "quick"', "seeds = 1", 'tasks = ["cifar10", "wikitext2"]',
+                      'reports_dir = "../reports"', 'data_policy = "auto"']
+
+
+def read(path):
+    return nbformat.read(str(path), as_version=4)
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+# ------------------------------------------------------------------ stored notebooks
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_stored_notebook_has_no_outputs_a_kernelspec_and_a_parameters_cell(name):
+    nb = read(NOTEBOOK_DIR / name)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"] == {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cells = code_cells(nb)
+    assert "parameters" in cells[0].metadata.get("tags", [])
+    for line in PARAMETER_DEFAULTS:
+        assert line in cells[0].source, line
+    assert all(c.outputs == [] and c.execution_count is None for c in cells)
+    assert any("nbval-check-output" in c.metadata.get("tags", []) for c in cells)
+
+
+def test_stored_notebooks_are_what_the_generator_writes(tmp_path):
+    subprocess.run([sys.executable, str(NOTEBOOK_DIR / "build_notebooks.py"), str(tmp_path)], check=True,
+                   capture_output=True, timeout=60)
+    for name in NOTEBOOKS:
+        assert json.loads((tmp_path / name).read_text()) == json.loads((NOTEBOOK_DIR / name).read_text()), name
+
+
+def test_run_all_rejects_bad_arguments_naming_value_and_allowed():
+    for args, message in ((["--profile", "huge"], "--profile 'huge' is invalid: allowed smoke, quick, paper"),
+                          (["--seeds", "0"], "--seeds '0' is invalid"),
+                          (["--sections", "01,07"], "'07' is invalid"),
+                          (["--frobnicate"], "unknown argument '--frobnicate'")):
+        result = subprocess.run([str(REPO / "run_all.sh"), *args], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+    usage = subprocess.run([str(REPO / "run_all.sh"), "--help"], capture_output=True, text=True, timeout=30)
+    assert usage.returncode == 0 and "--profile" in usage.stdout and "--sections" in usage.stdout
+
+
+# ------------------------------------------------------------------ execution (slow)
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """Every notebook executed in order with papermill, smoke profile, into a temporary reports/."""
+    import papermill
+
+    root = tmp_path_factory.mktemp("reports_root")
+    reports_dir, out_dir = root / "reports", root / "executed"
+    out_dir.mkdir()
+    paths = {}
+    for name in NOTEBOOKS:
+        papermill.execute_notebook(
+            str(NOTEBOOK_DIR / name), str(out_dir / name), kernel_name="python3", cwd=str(NOTEBOOK_DIR),
+            parameters=dict(profile="smoke", seeds=1, reports_dir=str(reports_dir)), progress_bar=False)
+        paths[name] = out_dir / name
+    return dict(notebooks=paths, reports=reports_dir)
+
+
+@pytest.mark.slow
+def test_every_notebook_runs_in_the_smoke_profile_and_writes_its_tables(executed):
+    tables = executed["reports"] / "smoke" / "tables"
+    for stem in ("table1_resnet", "table2_gpt2", "table3_ablation_resnet", "table3_ablation_gpt2",
+                 "op_categories", "eq21_decomposition", "phases_resnet"):
+        assert (tables / f"{stem}.csv").is_file() and (tables / f"{stem}.md").is_file(), stem
+    assert (executed["reports"] / "smoke" / "figures" / "curves_resnet.png").is_file()
+    for name, path in executed["notebooks"].items():
+        errors = [o for c in code_cells(read(path)) for o in c.outputs if o.output_type == "error"]
+        assert not errors, name
+
+
+@pytest.mark.slow
+def test_nbval_reexecutes_and_deterministic_cells_give_the_same_output(executed):
+    paths = [str(p) for p in executed["notebooks"].values()]
+    for path in paths:  # the comparison is meaningful only if the checked cells stored outputs
+        checked = [c for c in code_cells(read(path)) if "nbval-check-output" in c.metadata.get("tags", [])]
+        assert checked and all(c.outputs for c in checked), path
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", "--rootdir", str(Path(paths[0]).parent),
+         *paths], capture_output=True, text=True, timeout=1800, cwd=str(Path(paths[0]).parent),
+        env={**os.environ, "MPLBACKEND": "Agg"})
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_failing_cell_is_named(tmp_path):
+    import papermill
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from trainopt_core.notebook_support import describe_failed_cell
+
+    nb = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("raise ValueError('boom in cell two')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "broken.ipynb")
+    with pytest.raises(papermill.PapermillExecutionError):
+        papermill.execute_notebook(str(tmp_path / "broken.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                                   progress_bar=False)
+    described = describe_failed_cell(tmp_path / "out.ipynb")
+    assert "code cell 2" in described and "ValueError: boom in cell two" in described

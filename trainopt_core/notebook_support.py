@@ -1,0 +1,199 @@
+"""What the section notebooks share: their parameters, folders, the runs they need, and the
+deterministic tables (configurations, the paper's claims) that nbval checks.
+
+    paths = report_paths(reports_dir, profile)
+    records = run_grid(parse_tasks(tasks), ["baseline", "optimized"], seeds=seeds, profile=profile,
+                       out_dir=paths.runs, data_policy=data_policy)
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .config import OptimizationConfig
+from .reports import paper_claims, resolve_reports_dir
+
+# The paper's model of each task, used in table/figure names (never the data set's name: a
+# stand-in may have run) and the paper's table it mirrors.
+TASK_LABELS = {
+    "cifar10": dict(file="resnet", table="Table I", description="image classification with a bottleneck ResNet "
+                    "(paper: CIFAR-10, ResNet-50)"),
+    "wikitext2": dict(file="gpt2", table="Table II", description="language modelling with GPT-2 "
+                      "(paper: WikiText-2, GPT-2 small)"),
+}
+CONFIG_FIELDS = ("precision", "k", "adaptive", "k_min", "k_max", "schedule", "warmup_fraction", "min_lr_ratio",
+                 "lr_scaling", "clip_norm", "checkpointing", "zero_stage")
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """``reports/<profile>/`` and its runs/, tables/, figures/ and notebooks/ folders."""
+
+    root: Path
+    profile: str
+
+    @property
+    def profile_dir(self) -> Path:
+        return self.root / self.profile
+
+    @property
+    def runs(self) -> Path:
+        return self.profile_dir / "runs"
+
+    @property
+    def tables(self) -> Path:
+        return self.profile_dir / "tables"
+
+    @property
+    def figures(self) -> Path:
+        return self.profile_dir / "figures"
+
+    @property
+    def notebooks(self) -> Path:
+        return self.profile_dir / "notebooks"
+
+
+def report_paths(reports_dir: str | os.PathLike, profile: str) -> ReportPaths:
+    """The folders of `profile` under `reports_dir` (relative paths: see
+    `reports.resolve_reports_dir`), created if missing."""
+    from .profiles import PROFILES
+
+    if profile not in PROFILES:
+        _fail("profile", profile, f"one of {PROFILES}")
+    paths = ReportPaths(resolve_reports_dir(reports_dir), profile)
+    for folder in (paths.runs, paths.tables, paths.figures):
+        folder.mkdir(parents=True, exist_ok=True)
+    return paths
+
+
+def parse_tasks(tasks) -> list[str]:
+    """A list of task names from a list or a comma-separated string (papermill passes strings)."""
+    from .profiles import TASKS
+
+    names = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks)
+    names = [t for t in names if t]
+    bad = [t for t in names if t not in TASKS]
+    if bad or not names:
+        _fail("tasks", tasks, f"a non-empty list (or comma-separated string) of {TASKS}")
+    return names
+
+
+def parse_seeds(seeds) -> list[int]:
+    """Seeds 0..N-1 from a count N >= 1."""
+    if isinstance(seeds, str) and seeds.strip().isdigit():
+        seeds = int(seeds)
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        _fail("seeds", seeds, "an integer >= 1 (the number of seeds)")
+    return list(range(seeds))
+
+
+def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str = "auto", **options) -> list[dict]:
+    """`runner.run` for every task x configuration x seed (a finished record is reused, not
+    re-run); prints one line per run and returns the records."""
+    from .runner import run
+
+    records = []
+    for task in parse_tasks(tasks):
+        for config in configs:
+            for seed in parse_seeds(seeds):
+                start = time.perf_counter()
+                record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy,
+                             progress=False, **options)
+                m = record["metrics"]
+                print(f"{task:9s} {config:24s} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
+                      f"final {m['quality_name']} {m['final_quality']:.4g}, "
+                      f"{time.perf_counter() - start:.1f} s (a reused record takes ~0 s)")
+                records.append(record)
+    return records
+
+
+def configuration_table(names) -> pd.DataFrame:
+    """The settings of named configurations as requested (a profile may change the precision
+    on CPU; the tables' captions say what ran)."""
+    rows = []
+    for name in names:
+        config = OptimizationConfig.preset(name)
+        rows.append(dict(config=name, **{f: getattr(config, f) for f in CONFIG_FIELDS}))
+    return pd.DataFrame(rows).set_index("config")
+
+
+def paper_claims_frame(table: str) -> pd.DataFrame:
+    """One of the paper's tables as printed (``table1_cifar10_resnet50``, ``table2_wikitext2_gpt2``,
+    ``table3_ablation_cifar10``, ``table4_scaling_cifar10``)."""
+    claims = paper_claims()
+    if table not in claims or not table.startswith("table"):
+        _fail("table", table, f"one of {[k for k in claims if k.startswith('table')]}")
+    data = claims[table]
+    if isinstance(data, list):
+        return pd.DataFrame(data)
+    return pd.DataFrame([dict(metric=k, **v) for k, v in data.items()]).set_index("metric")
+
+
+def show_markdown(text: str) -> None:
+    """Render Markdown in a notebook (plain text elsewhere)."""
+    try:
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    except ImportError:
+        print(text)
+
+
+def table_name(kind: str, task: str | None = None) -> str:
+    """File stem of a table or figure: `kind` plus the task's model family (``table1_resnet``)."""
+    if task is None:
+        return kind
+    if task not in TASK_LABELS:
+        _fail("task", task, f"one of {tuple(TASK_LABELS)}")
+    return f"{kind}_{TASK_LABELS[task]['file']}"
+
+
+def publish_table(table: pd.DataFrame, paths: ReportPaths, name: str, title: str, records: list[dict],
+                  display: pd.DataFrame | None = None) -> None:
+    """Caption `table` with the runs' context, write it (CSV + Markdown) and show it."""
+    from .reports_index import caption, markdown_table, write_table
+
+    text = caption(title, records)
+    write_table(table, paths.tables, name, text, display=display)
+    show_markdown(f"**{title}**\n\n{markdown_table(display if display is not None else table)}\n_{text}_")
+
+
+def publish_figure(fig, paths: ReportPaths, name: str):
+    """Save `fig` as ``figures/<name>.png`` and return it (a notebook shows it)."""
+    from .reports_figures import save_figure
+
+    save_figure(fig, paths.figures, name)
+    return fig
+
+
+def records_of(records: list[dict], task: str, configs=None) -> list[dict]:
+    """The records of one task (and, optionally, some configurations)."""
+    return [r for r in records if r["task"] == task and (configs is None or r["config_name"] in configs)]
+
+
+def describe_failed_cell(notebook_path: str | os.PathLike) -> str:
+    """Which cell of an executed notebook failed and why: its number among the source
+    notebook's code cells (papermill's injected-parameters cell not counted), execution count,
+    first source line and the error (papermill keeps the error in the output notebook)."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook_path), as_version=4)
+    code_index = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "injected-parameters" in cell.metadata.get("tags", []):
+            continue
+        code_index += 1
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                first_line = next((line for line in cell.source.splitlines() if line.strip()), "")
+                return (f"code cell {code_index} (In [{cell.get('execution_count')}], id {cell.get('id', '?')}): "
+                        f"`{first_line.strip()}` raised {output.get('ename')}: {output.get('evalue')}")
+    return "no cell with an error output (the kernel may have died or the notebook could not be read)"
