@@ -1,8 +1,10 @@
 """Benchmark: ratios measured in one run (not a timed test).
 
 1. Engine overhead: trainopt's engine vs a hand-written PyTorch loop doing identical work
-   (bf16/fp32 autocast, k-step accumulation, clipping, warmup+cosine LR, AdamW), on the quick
-   models, timed in alternating rounds; prints engine / hand-written step time.
+   (bf16 autocast, k-step accumulation, clipping, warmup+cosine LR, AdamW), on the quick
+   models, timed in alternating rounds; prints engine / hand-written step time. With adaptive
+   k the engine also estimates the gradient noise, which the hand-written loop does not: that
+   ratio is the price of the feature, not overhead on identical work.
 2. Optimized vs baseline: throughput and peak memory of short runs through the runner.
 3. Achieved FLOPs utilization vs this machine's measured matmul peak.
 
@@ -97,12 +99,15 @@ def main(argv=None) -> int:
     warnings.simplefilter("ignore")
     print(f"machine: {measure.run_manifest()['hardware']['cpu_model']}, torch threads {torch.get_num_threads()}")
 
-    print("\n1. engine step / hand-written step (same work; median of alternating rounds; target <= 1.03)")
+    print("\n1. engine step / hand-written step (median of alternating rounds)")
+    print("   fixed k=4: identical work in both loops -- the engine's overhead, target <= 1.03")
+    print("   adaptive k: the hand-written loop estimates no gradient noise -- the price of eqs. 6-7 (hooks + sigma^2)")
     for task in ("cifar10", "wikitext2"):
         for adaptive in (False, True):
             ratio = engine_overhead(task, args.profile, args.rounds, args.steps, adaptive)
-            label = "adaptive k (hooks + noise estimate)" if adaptive else "fixed k=4"
-            print(f"   {task:9s} {label:38s} ratio {ratio:.3f}  overhead {100 * (ratio - 1):+.1f}%")
+            label = "adaptive k (cost of the noise estimate)" if adaptive else "fixed k=4 (engine overhead)"
+            verdict = "" if adaptive else ("  within target" if ratio <= 1.03 else "  OVER TARGET")
+            print(f"   {task:9s} {label:40s} ratio {ratio:.3f}  {100 * (ratio - 1):+.1f}%{verdict}")
 
     print(f"\n2. optimized vs baseline ({args.run_steps} optimizer steps each, {args.profile} models)")
     for task in ("cifar10", "wikitext2"):
