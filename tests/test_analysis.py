@@ -176,3 +176,20 @@ def test_explore_matches_a_bf16_run_to_a_fp16_choice_and_shows_both_columns():
     shown = explorer.format_explore(table.reset_index()).set_index("quantity")
     assert shown.loc["throughput", "measured"] == "1,234" and shown.loc["memory: total", "measured"].endswith(" MiB")
     assert explorer.explorer_app([base, opt]) is not None  # the widget panel builds headless
+
+
+def test_explorer_panel_redraws_its_prediction_when_a_control_changes(capsys):
+    base = make_record(config="baseline", breakdown={"activations": 8e8})
+    base["profile_settings"] = {"model": {"layers": [1, 1, 1, 1], "width": 4}}
+    base["config"] = OptimizationConfig.baseline().to_dict()
+    app = explorer.explorer_app([base], tasks=("cifar10",))
+    (task, components), (k, adaptive, precision), _ = (box.children for box in app.children[0].children)
+    capsys.readouterr()  # outside a kernel the panel's output goes to stdout
+    components.value = ("accumulation",)
+    adaptive.value = False
+    k.value = 2
+    with_k2 = capsys.readouterr().out.split("memory: activations")[-1].split("\n")[0]
+    k.value = 8
+    with_k8 = capsys.readouterr().out.split("memory: activations")[-1].split("\n")[0]
+    # eq. 8: activations shrink with the micro-batch (effective batch / k)
+    assert with_k2 and with_k8 and with_k2 != with_k8
