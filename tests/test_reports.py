@@ -155,8 +155,16 @@ def test_ablation_table_orders_ladder_then_leave_one_out_with_changes_vs_baselin
     assert table.loc["+accumulation", "paper_time_min"] == 38.1
     assert table.loc["-checkpointing", "group"] == "leave-one-out"
     assert math.isnan(table.loc["+zero2", "paper_time_min"])  # the paper has no ZeRO-2 rung
+    # paper: +accumulation time -9.9 %, memory -13.6 %; measured -20 % and -50 %
+    assert table.loc["+accumulation", ["claim_held_time", "claim_held_memory"]].tolist() == ["held", "held"]
+    assert table.loc["-checkpointing", "claim_held_time"] == "no claim"
     shown = reports.format_ablation_table(table.reset_index())
     assert "+zero2" not in set(shown["Configuration"])  # neither measured nor claimed
+    verdicts = shown.set_index("Configuration")["Claim held?"]
+    assert verdicts["+accumulation"] == "time: held; memory: held" and verdicts["-checkpointing"] == "—"
+    slower = reports.ablation_table([records[0], make_record(config="+accumulation", time_to_target_s=120.0)],
+                                    "cifar10").set_index("config")
+    assert slower.loc["+accumulation", "claim_held_time"] == "not held"
 
 
 def test_scaling_table_marks_modelled_rows_and_adds_paper_values():
@@ -169,8 +177,18 @@ def test_scaling_table_marks_modelled_rows_and_adds_paper_values():
     assert table.loc[4, "paper_efficiency"] == 0.857
     shown = reports.format_scaling_table(table.reset_index()).set_index("World size")
     assert shown.loc[4, "Source"] == "modelled" and shown.loc[4, "Efficiency T_n/(n·T_1)"] == "87.5%"
+    assert table.loc[4, "claim_held"] == "modelled, not judged" and table.loc[1, "claim_held"] == "—"
     with pytest.raises(ValueError, match="missing 'efficiency'"):
         reports.scaling_table([dict(world_size=1, config="baseline", throughput=1.0)])
+
+
+@pytest.mark.parametrize("measured, verdict", [(0.95, "held"), (0.92, "held"), (0.85, "not held (8.1 points lower)")])
+def test_measured_scaling_efficiency_is_judged_against_the_papers_at_the_same_world_size(measured, verdict):
+    rows = [dict(world_size=2, config="baseline", throughput=2 * measured * 100, efficiency=measured, modelled=False)]
+    table = reports.scaling_table(rows)  # paper: baseline 93.1 % on 2 GPUs
+    assert table.loc[0, "claim_held"] == verdict
+    assert reports.format_scaling_table(table).loc[0, "Claim held?"] == verdict
+    assert reports.efficiency_verdict(None, measured) == "no claim"
 
 
 # ------------------------------------------------------------------ files, captions, index

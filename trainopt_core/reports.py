@@ -12,6 +12,9 @@ When does a claim hold? (`claim_verdict`)
   change is within the paper's ±0.5 % (§V-A: "within statistical noise (±0.5%)"), or, with ≥ 2
   seeds per configuration, within two standard errors of the difference (statistical noise);
   otherwise "not held", saying whether the optimized run's quality was better or worse.
+- a claimed *scaling efficiency* T_n/(n·T_1) (Table IV) holds when the measured efficiency at the
+  same world size is at most 2 points below the paper's (`efficiency_verdict`); modelled rows are
+  never judged: they are not measurements.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from .config import ABLATION_LADDER, leave_one_out
 
 HOLD_FRACTION = 0.5            # at least half the claimed magnitude
 COMPARABLE_TOLERANCE = 0.005   # paper §V-A: ±0.5 %
+EFFICIENCY_TOLERANCE = 0.02    # Table IV: measured efficiency may fall 2 points short of the claim
 VERDICTS = ("held", "direction only", "not held", "not measured", "no claim")
 
 # Record metrics that every table aggregates (keys of record["metrics"]).
@@ -182,6 +186,19 @@ def claim_verdict(claimed_relative: float | None, measured_relative: float, *, k
     return "held" if abs(measured_relative) >= HOLD_FRACTION * abs(claimed_relative) else "direction only"
 
 
+def efficiency_verdict(claimed: float | None, measured: float | None, *, modelled: bool = False) -> str:
+    """Did a claimed scaling efficiency hold? (rule in the module docstring)"""
+    if modelled:
+        return "modelled, not judged"
+    if claimed is None or not math.isfinite(claimed):
+        return "no claim"
+    if measured is None or not math.isfinite(measured):
+        return "not measured"
+    if measured >= claimed - EFFICIENCY_TOLERANCE:
+        return "held"
+    return f"not held ({100 * (claimed - measured):.1f} points lower)"
+
+
 def _noise_relative(base: pd.Series, opt: pd.Series, key: str) -> float | None:
     """Two standard errors of (optimized − baseline), relative to the baseline mean."""
     n_b, n_o = base[f"{key}_n"], opt[f"{key}_n"]
@@ -332,6 +349,9 @@ def ablation_table(records: list[dict], task: str) -> pd.DataFrame:
         for key, short in (("time_to_target_s", "time"), ("peak_memory_bytes", "memory"), ("throughput", "throughput")):
             entry[f"measured_{short}_change"] = (relative_change(base[f"{key}_mean"], entry[f"{key}_mean"])
                                                  if base is not None else math.nan)
+        for short in ("time", "memory"):
+            claimed = entry[f"paper_{short}_change"] if paper and name != "baseline" else None
+            entry[f"claim_held_{short}"] = claim_verdict(claimed, entry[f"measured_{short}_change"])
         out.append(entry)
     return pd.DataFrame(out)
 
@@ -363,6 +383,8 @@ def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
             "Measured vs baseline": "—" if is_base or r["n_seeds"] == 0 else
             f"time {_pct(r['measured_time_change'])}, memory {_pct(r['measured_memory_change'])}, "
             f"throughput {_pct(r['measured_throughput_change'])}",
+            "Claim held?": "—" if r["claim_held_time"] == "no claim" else
+            f"time: {r['claim_held_time']}; memory: {r['claim_held_memory']}",
         })
     return pd.DataFrame(rows)
 
@@ -387,6 +409,9 @@ def scaling_table(rows: list[dict], *, task: str = "cifar10") -> pd.DataFrame:
             source_detail=row.get("source", ""),
             paper_throughput=claim.get(f"{kind}_img_s", math.nan),
             paper_efficiency=claim.get(f"{kind}_efficiency", math.nan),
+            claim_held=("—" if int(row["world_size"]) == 1 else  # T_1/(1·T_1) = 1 by definition
+                        efficiency_verdict(claim.get(f"{kind}_efficiency"), _number(row["efficiency"]),
+                                           modelled=bool(row.get("modelled")))),
             **{k: v for k, v in row.items() if k not in core},
         ))
     frame = pd.DataFrame(out)
@@ -406,6 +431,7 @@ def format_scaling_table(table: pd.DataFrame) -> pd.DataFrame:
             "Efficiency T_n/(n·T_1)": "—" if not math.isfinite(r["efficiency"]) else f"{100 * r['efficiency']:.1f}%",
             "Paper throughput (img/s, GPUs)": _paper_value(r["paper_throughput"], ""),
             "Paper efficiency": "—" if not math.isfinite(r["paper_efficiency"]) else f"{100 * r['paper_efficiency']:.1f}%",
+            "Claim held?": r["claim_held"],
         })
     return pd.DataFrame(rows)
 
