@@ -32,7 +32,6 @@ from .config import ABLATION_LADDER, leave_one_out
 HOLD_FRACTION = 0.5            # at least half the claimed magnitude
 COMPARABLE_TOLERANCE = 0.005   # paper §V-A: ±0.5 %
 EFFICIENCY_TOLERANCE = 0.02    # Table IV: measured efficiency may fall 2 points short of the claim
-VERDICTS = ("held", "direction only", "not held", "not measured", "no claim")
 
 # Record metrics that every table aggregates (keys of record["metrics"]).
 METRIC_KEYS = ("time_to_target_s", "peak_memory_bytes", "throughput", "final_quality",
@@ -94,15 +93,14 @@ def runs_dir(reports_dir: str | os.PathLike, profile: str) -> Path:
 def load_records(reports_dir: str | os.PathLike, profile: str, *, tasks=None) -> list[dict]:
     """Every complete run record of ``reports/<profile>/runs/`` (partial and truncated records
     and unreadable files are left out), optionally only those of `tasks`."""
+    from .runner import load_record  # the one definition of a finished record
+
     records = []
     for path in sorted(runs_dir(reports_dir, profile).glob("*.json")):
         if path.name.endswith(".partial.json"):
             continue
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("status") == "complete" and (tasks is None or record.get("task") in tasks):
+        record = load_record(path)
+        if record is not None and (tasks is None or record.get("task") in tasks):
             records.append(record)
     return records
 
