@@ -95,7 +95,7 @@ for section in "${selected[@]}"; do
             --cwd notebooks -k python3; then
         echo "[run_all] ${notebook} done in $(( $(date +%s) - start )) s -> reports/$profile/notebooks/$notebook"
     else
-        cell=$(python -c 'import sys; from trainopt_core.notebook_support import describe_failed_cell as d; print(d(sys.argv[1]))' \
+        cell=$(python -c 'import sys; from trainopt_core.reporting.notebook import describe_failed_cell as d; print(d(sys.argv[1]))' \
                "$out_dir/$notebook" 2>&1)
         echo "[run_all] FAILED: notebooks/$notebook -- $cell" >&2
         echo "[run_all]         the executed notebook with the error: reports/$profile/notebooks/$notebook" >&2
@@ -103,7 +103,7 @@ for section in "${selected[@]}"; do
     fi
 done
 
-python -c 'import sys; from trainopt_core.reports import write_reports_index; print("[run_all] wrote", write_reports_index(sys.argv[1]))' \
+python -c 'import sys; from trainopt_core.reporting import write_reports_index; print("[run_all] wrote", write_reports_index(sys.argv[1]))' \
     "$root/reports" || failures+=("reports/README.md could not be written")
 
 if [ ${#failures[@]} -gt 0 ]; then

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -22,9 +21,10 @@ import warnings
 import torch
 
 import trainopt_core
-from trainopt_core import measure, runner
-from trainopt_core.profiles import get_profile
-from trainopt_core.tasks import build_task
+from trainopt_core import measure
+from trainopt_core.reproduction import runner
+from trainopt_core.reproduction.profiles import get_profile
+from trainopt_core.reproduction.tasks import build_task
 
 
 def hand_written_step(model, optimizer, bundle, batches, k, precision, clip_norm, lr_at, state):

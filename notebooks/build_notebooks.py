@@ -24,8 +24,9 @@ data_policy = "auto"     # auto (real data if present, else a labeled stand-in) 
 
 SETUP = '''\
 from IPython.display import display
-from trainopt_core import reports, reports_figures as figures
-from trainopt_core.notebook_support import (
+from trainopt_core import reporting
+from trainopt_core.reporting import figures, tables
+from trainopt_core.reporting.notebook import (
     TASK_LABELS, configuration_table, paper_claims_frame, parse_tasks, publish_figure, publish_table,
     records_of, report_paths, run_grid, show_markdown, table_name)
 
@@ -114,11 +115,11 @@ Means ± standard deviation over seeds (no spread with one seed). The paper's ab
 from its GPUs and full-size models; compare the *changes*.
 """),
     code('''for task in tasks:
-    table = reports.main_results_table(records, task)
+    table = tables.main_results_table(records, task)
     label = TASK_LABELS[task]
     publish_table(table, paths, table_name("table1" if task == "cifar10" else "table2", task),
                   f"{label['table']} analogue: {label['description']}", records_of(records, task),
-                  display=reports.format_main_table(table))''', IGNORE),
+                  display=tables.format_main_table(table))''', IGNORE),
     md("""
 ## Quality vs training time
 
@@ -161,10 +162,10 @@ The cumulative ladder, then leave-one-out (each removes one component from `opti
                    out_dir=paths.runs, data_policy=data_policy)''', IGNORE),
     md("## Table III, measured"),
     code('''for task in tasks:
-    table = reports.ablation_table(records, task)
+    table = tables.ablation_table(records, task)
     publish_table(table, paths, table_name("table3_ablation", task),
                   f"Table III analogue (ablation): {TASK_LABELS[task]['description']}", records_of(records, task),
-                  display=reports.format_ablation_table(table))''', IGNORE),
+                  display=tables.format_ablation_table(table))''', IGNORE),
     md("""
 ## Where the memory goes along the ladder
 
@@ -201,12 +202,12 @@ gap between the measured and the modelled 2-process rows shows its size here.
     md("""
 ## Measurement
 
-`trainopt_core.scaling.measure_scaling` launches N local processes per world size, trains the
+`trainopt_core.reproduction.measure_scaling` launches N local processes per world size, trains the
 same configuration in each and returns one row per (world size, configuration), measured or
 modelled.
 """),
     code('''try:
-    from trainopt_core.scaling import measure_scaling
+    from trainopt_core.reproduction import measure_scaling
 except ImportError as error:
     measure_scaling = None
     print(f"Scaling measurement is not available in this installation ({error}); "
@@ -221,10 +222,10 @@ records = run_grid(scaling_tasks, ["baseline", "optimized"], seeds=1, profile=pr
 scaling = {}
 for task in scaling_tasks if measure_scaling is not None else []:
     rows = measure_scaling(task, profile, configs=["baseline", "optimized"], data_policy=data_policy)
-    scaling[task] = reports.scaling_table(rows, task=task)
+    scaling[task] = tables.scaling_table(rows, task=task)
     publish_table(scaling[task], paths, table_name("table4_scaling", task),
                   f"Table IV analogue (scaling): {TASK_LABELS[task]['description']}", records_of(records, task),
-                  display=reports.format_scaling_table(scaling[task]))''', IGNORE),
+                  display=tables.format_scaling_table(scaling[task]))''', IGNORE),
     code('''for task, table in scaling.items():
     display(publish_figure(figures.scaling_plot(table), paths, table_name("scaling", task)))''', IGNORE),
 ]
@@ -241,7 +242,8 @@ speedup with eq. 21: Speedup_net = Throughput_gain / (1 + Recomputation_overhead
 This notebook measures each of these on the runs of notebooks 1 and 2 (reused, or run here).
 """),
     code(SETUP + '''
-from trainopt_core import analysis, analysis_profile, leave_one_out
+from trainopt_core import leave_one_out
+from trainopt_core.reporting import analysis
 configs = ["baseline", "+lr_schedule", "+checkpointing", "optimized"] + [c.name for c in leave_one_out()]
 records = run_grid(tasks, configs, seeds=seeds, profile=profile, out_dir=paths.runs, data_policy=data_policy)''',
          IGNORE),
@@ -249,7 +251,7 @@ records = run_grid(tasks, configs, seeds=seeds, profile=profile, out_dir=paths.r
 ## The paper's error-analysis claims
 """),
     code('''import pandas as pd
-pd.Series(reports.paper_claims()["error_analysis"]["impact_share_by_phase"], name="paper: share of improvement")''',
+pd.Series(reporting.paper_claims()["error_analysis"]["impact_share_by_phase"], name="paper: share of improvement")''',
          CHECK),
     md("""
 ## By training phase
@@ -271,7 +273,7 @@ normalization, element-wise, optimizer (everything inside the optimizer update, 
 loss-scale bookkeeping included), communication, other. CNN and transformer differ in which
 categories dominate.
 """),
-    code('''ops = pd.concat([analysis_profile.profile_operations(task, config, profile=profile, data_policy=data_policy)
+    code('''ops = pd.concat([analysis.profile_operations(task, config, profile=profile, data_policy=data_policy)
                  for task in tasks for config in ("baseline", "optimized")], ignore_index=True)
 publish_table(ops, paths, "op_categories", "Self time by operation category (torch.profiler)", records)
 display(publish_figure(figures.op_category_bars(ops, records), paths, "op_categories"))''', IGNORE),
@@ -286,13 +288,13 @@ backward, by the module type that saved them, for one micro-batch of each config
     table = analysis.memory_by_category(records, task, configs=["baseline", "+checkpointing", "optimized"])
     publish_table(table.reset_index(), paths, table_name("memory_categories", task),
                   f"Memory by category at the peak: {TASK_LABELS[task]['description']}", records_of(records, task),
-                  display=reports.format_bytes_frame(table.reset_index()))
-    modules = pd.concat([analysis_profile.task_activation_memory(task, c, profile=profile, data_policy=data_policy)
+                  display=reporting.format_bytes_frame(table.reset_index()))
+    modules = pd.concat([analysis.task_activation_memory(task, c, profile=profile, data_policy=data_policy)
                          for c in ("baseline", "optimized")], ignore_index=True)
     by_module = modules.pivot_table(index="module_type", columns="config", values="activation_bytes").reset_index()
     publish_table(by_module, paths, table_name("activations_by_module", task),
                   f"Activation bytes by module type (one micro-batch): {TASK_LABELS[task]['description']}",
-                  records_of(records, task, ["baseline", "optimized"]), display=reports.format_bytes_frame(by_module))''', IGNORE),
+                  records_of(records, task, ["baseline", "optimized"]), display=reporting.format_bytes_frame(by_module))''', IGNORE),
     md("""
 ## CNN vs transformer: which component matters most
 
@@ -311,7 +313,7 @@ configuration. The forward share of a step bounds the overhead (eq. 20: about on
 """),
     code('''rows = []
 for task in tasks:
-    overhead = analysis_profile.measure_recompute_overhead(task, profile=profile, data_policy=data_policy)
+    overhead = analysis.measure_recompute_overhead(task, profile=profile, data_policy=data_policy)
     rows.append({**analysis.eq21_decomposition(records, task, recompute_overhead=overhead["recompute_overhead"]),
                  "forward_share": overhead["forward_share"], "segments": overhead["segments"], "blocks": overhead["blocks"]})
 publish_table(pd.DataFrame(rows), paths, "eq21_decomposition", "Eq. 21 decomposition, measured", records)''', IGNORE),
@@ -343,7 +345,7 @@ segment) -- calibrated on the measured baseline run, beside what the matching ru
 and 2 first (or `./run_all.sh`) so there are runs to compare with.
 """),
     code(SETUP.replace("run_grid, ", "") + '''
-from trainopt_core import explorer
+from trainopt_core.reporting import explorer
 from trainopt_core.checkpointing import expected_saved_fraction, resolve_segments'''),
     md("""
 ## Eq. 19 in numbers
@@ -356,10 +358,10 @@ pd.DataFrame([dict(blocks=L, segments=f"sqrt -> {resolve_segments(L, s)}" if s =
                    kept_fraction=round(expected_saved_fraction(L, s), 4))
               for L in (16, 12) for s in ("sqrt", 2, 8)])''', CHECK),
     md("## Measured runs of this profile"),
-    code('''records = reports.load_records(reports_dir, profile, tasks=tasks)
+    code('''records = reporting.load_records(reports_dir, profile, tasks=tasks)
 print(f"{len(records)} complete run record(s) of profile {profile!r}")
 if records:
-    display(reports.aggregate(records)[["task", "config_name", "n_seeds", "precision", "throughput_mean",
+    display(reporting.aggregate(records)[["task", "config_name", "n_seeds", "precision", "throughput_mean",
                                         "peak_memory_bytes_mean", "time_to_target_s_mean", "final_quality_mean"]])''',
          IGNORE),
     md("""

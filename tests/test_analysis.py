@@ -8,7 +8,8 @@ from torch import nn
 from torch.profiler import record_function
 
 from test_reports import make_record
-from trainopt_core import ABLATION_LADDER, OptimizationConfig, analysis, analysis_profile, explorer
+from trainopt_core import ABLATION_LADDER, OptimizationConfig
+from trainopt_core.reporting import analysis, explorer
 from trainopt_core.checkpointing import expected_saved_fraction
 
 
@@ -100,7 +101,7 @@ def test_memory_by_category_compares_with_the_baseline():
     ("aten::empty", "other"),
 ])
 def test_op_category(name, category):
-    assert analysis_profile.op_category(name) == category
+    assert analysis.op_category(name) == category
 
 
 def test_profile_training_steps_attributes_time_to_categories():
@@ -110,12 +111,12 @@ def test_profile_training_steps_attributes_time_to_categories():
     def step():
         loss = nn.functional.cross_entropy(model(torch.randn(8, 3, 8, 8)), torch.randint(0, 10, (8,)))
         loss.backward()
-        with record_function(analysis_profile.OPTIMIZER_REGION):
+        with record_function(analysis.OPTIMIZER_REGION):
             optimizer.step()
             optimizer.zero_grad()
         return 8
 
-    table = analysis_profile.profile_training_steps(step, steps=2).set_index("category")
+    table = analysis.profile_training_steps(step, steps=2).set_index("category")
     assert table["share"].sum() == pytest.approx(1.0)
     for category in ("convolution", "matmul/attention", "normalization", "optimizer"):
         assert table.loc[category, "self_time_ms"] > 0, category
@@ -126,7 +127,7 @@ def test_profile_training_steps_attributes_time_to_categories():
 def test_activation_bytes_are_attributed_to_the_module_type_that_saved_them():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     x = torch.randn(4, 8)
-    counts = analysis_profile.activation_bytes_by_module_type(model, lambda: model(x).sum())
+    counts = analysis.activation_bytes_by_module_type(model, lambda: model(x).sum())
     # Linear saves its input (4x8 fp32); ReLU saves its output (4x16), which the second Linear
     # saves again (counted once); weights are parameters and are not counted.
     assert counts == {"ReLU": 4 * 16 * 4, "Linear": 4 * 8 * 4}

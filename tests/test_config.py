@@ -1,11 +1,12 @@
 import json
+from importlib import resources
 
 import pytest
 import torch
 
 from trainopt_core import ABLATION_LADDER, OptimizationConfig, leave_one_out
 
-CLAIMS = json.load(open(__import__("trainopt_core").__path__[0] + "/paper_claims.json"))
+CLAIMS = json.loads(resources.files("trainopt_core.reporting").joinpath("paper_claims.json").read_text())
 
 
 def test_presets_match_paper_setup():

@@ -7,13 +7,16 @@ import hashlib
 import pickle
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from trainopt_core import data, data_images, data_text
-from trainopt_core.data import (
+from trainopt_core.reproduction import data
+from trainopt_core.reproduction.data import images as data_images
+from trainopt_core.reproduction.data import text as data_text
+from trainopt_core.reproduction.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     DataNotFoundError,
@@ -23,8 +26,8 @@ from trainopt_core.data import (
     normalize_batch,
     text_batches,
 )
-from trainopt_core.data_images import STANDIN_IMAGE_SOURCE, load_image_dataset, make_standin_images
-from trainopt_core.data_text import STANDIN_TEXT_SOURCE, gpt2_tokenizer, load_text_corpus, load_text_splits
+from trainopt_core.reproduction.data.images import STANDIN_IMAGE_SOURCE, load_image_dataset, make_standin_images
+from trainopt_core.reproduction.data.text import STANDIN_TEXT_SOURCE, gpt2_tokenizer, load_text_corpus, load_text_splits
 
 WIKI_FIXTURE = {
     "train": " \n = Lorem Station = \n \n Lorem Station is a railway station in the town of Ipsum , opened in "
@@ -385,14 +388,14 @@ def test_data_dir_and_download_switch_follow_the_environment(tmp_path, monkeypat
     monkeypatch.setenv("TRAINOPT_DATA_DIR", str(tmp_path / "elsewhere"))
     assert data.default_data_dir() == tmp_path / "elsewhere"
     monkeypatch.delenv("TRAINOPT_DATA_DIR")
-    assert data.default_data_dir().name == "data"
+    assert data.default_data_dir() == Path(__file__).resolve().parents[1] / "data"  # <checkout>/data
     monkeypatch.delenv("TRAINOPT_ALLOW_DOWNLOAD", raising=False)
     assert data.downloads_allowed(None) is False
     monkeypatch.setenv("TRAINOPT_ALLOW_DOWNLOAD", "1")
     assert data.downloads_allowed(None) is True and data.downloads_allowed(False) is False
 
 
-def test_loaders_are_reexported_from_the_data_module():
+def test_loaders_are_reexported_from_the_data_package():
     assert data.load_text_corpus is load_text_corpus and data.load_image_dataset is load_image_dataset
     with warnings.catch_warnings():
         warnings.simplefilter("error")

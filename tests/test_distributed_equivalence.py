@@ -17,8 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainopt_core import OptimizationConfig, prepare
-from trainopt_core.launch import run_processes
-from trainopt_core.deepspeed_engine import deepspeed_config
+from trainopt_core.distributed import deepspeed_config, run_processes
 from trainopt_core.engine import _torch_zero_partitioning
 from trainopt_core.schedule import LRSchedule
 

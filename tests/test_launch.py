@@ -21,8 +21,8 @@ if str(TESTS_DIR) not in sys.path:  # spawned ranks and the CLI import launch_ta
     sys.path.insert(0, str(TESTS_DIR))
 
 import launch_target  # noqa: E402
-from trainopt_core import distributed, launch  # noqa: E402
-from trainopt_core.launch import LaunchTimeoutError, RankFailedError, run_processes  # noqa: E402
+from trainopt_core import distributed  # noqa: E402
+from trainopt_core.distributed import LaunchTimeoutError, RankFailedError, launch, run_processes  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -50,7 +50,7 @@ def _result_lines(stdout: str) -> list[str]:
 
 
 def _run_cli(*argv: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainopt_core.launch", *argv],
+    return subprocess.run([sys.executable, "-m", "trainopt_core.distributed", *argv],
                           cwd=REPO_ROOT, env=_cli_env(), capture_output=True, text=True,
                           timeout=timeout_s)
 
@@ -167,7 +167,7 @@ def test_dry_run_builds_multinode_torchrun_command_that_torchrun_parses():
     parsed = get_args_parser().parse_args(cmd[3:])
     assert parsed.nproc_per_node == "4" and parsed.nnodes == "2" and parsed.node_rank == 1
     assert parsed.master_addr == "10.1.2.3" and parsed.master_port == 29611
-    assert parsed.module and parsed.training_script == "trainopt_core.run"
+    assert parsed.module and parsed.training_script == "trainopt_core.reproduction"
     assert parsed.training_script_args == ["--task", "resnet50", "--profile", "smoke"]
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainopt_core import measure
-from trainopt_core.measure_memory import MemoryTracker, PeakMemory
+from trainopt_core.measure.memory import MemoryTracker, PeakMemory
 
 
 # ----------------------------------------------------------------------------- time-to-target

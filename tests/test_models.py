@@ -5,7 +5,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from trainopt_core import models
+from trainopt_core.reproduction import models
 
 
 def test_resnet50_cifar_has_16_bottleneck_blocks_and_the_cifar_stem():

@@ -106,7 +106,7 @@ def test_a_failing_cell_is_named(tmp_path):
     import papermill
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from trainopt_core.notebook_support import describe_failed_cell
+    from trainopt_core.reporting.notebook import describe_failed_cell
 
     nb = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell("raise ValueError('boom in cell two')")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -12,7 +12,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from trainopt_core import reports, reports_figures  # noqa: E402
+from trainopt_core import reporting as reports  # noqa: E402
+from trainopt_core.reporting import figures as reports_figures  # noqa: E402
 
 STANDIN = "stand-in: synthetic 10-class 32x32 images (NOT CIFAR-10)"
 
@@ -259,7 +260,7 @@ def test_resolve_reports_dir_is_relative_to_the_notebooks_folder(tmp_path, monke
 
 
 def test_hardware_line_names_gpus_of_cuda_runs_and_the_cpu_otherwise():
-    from trainopt_core.reports_index import describe_hardware
+    from trainopt_core.reporting.index import describe_hardware
 
     gpu = dict(device="cuda", hardware=dict(cpu_model="Some CPU", gpus=[dict(name="NVIDIA H100", driver="550")] * 2))
     assert describe_hardware(gpu) == "GPU 2x NVIDIA H100 (driver 550)"

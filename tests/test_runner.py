@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from trainopt_core import runner
+from trainopt_core.reproduction import records as run_records
+from trainopt_core.reproduction import runner
 from trainopt_core.config import OptimizationConfig
 
 REQUIRED_METRICS = {
@@ -29,7 +30,7 @@ def test_smoke_runs_of_both_tasks_write_complete_records(smoke_records):
     out, records = smoke_records
     assert len(list(out.glob("*.json"))) == 4
     for (task, config), record in records.items():
-        on_disk = json.loads(runner.record_path(out, task, OptimizationConfig.preset(config).replace(
+        on_disk = json.loads(run_records.record_path(out, task, OptimizationConfig.preset(config).replace(
             precision=record["config"]["precision"]), "smoke", 0).read_text())
         assert on_disk["status"] == "complete" and on_disk["config_name"] == config
         assert REQUIRED_METRICS <= set(on_disk["metrics"])
@@ -63,7 +64,7 @@ def test_complete_record_is_reused_instead_of_rerun(smoke_records, monkeypatch):
 
 def test_record_made_under_other_profile_settings_is_run_again(smoke_records, monkeypatch):
     out, _ = smoke_records
-    path = runner.record_path(out, "wikitext2", OptimizationConfig.baseline(), "smoke", 0)
+    path = run_records.record_path(out, "wikitext2", OptimizationConfig.baseline(), "smoke", 0)
     stale = json.loads(path.read_text())
     stale["profile_settings"]["target"] = 1.0  # as if an older version had another target
     path.write_text(json.dumps(stale))
@@ -96,9 +97,9 @@ def test_interrupted_run_leaves_no_record_that_looks_complete(tmp_path, monkeypa
     # a half-written or unfinished file is not taken for a finished run
     path = tmp_path / "x.json"
     path.write_text('{"schema": 1, "status": "complete", "metr')
-    assert runner.load_record(path) is None
+    assert run_records.load_record(path) is None
     path.write_text(json.dumps({"schema": 1, "status": "running"}))
-    assert runner.load_record(path) is None
+    assert run_records.load_record(path) is None
 
 
 def test_bad_run_arguments_raise_clear_errors(tmp_path):
@@ -114,7 +115,7 @@ def test_bad_run_arguments_raise_clear_errors(tmp_path):
 
 def test_command_line_writes_a_record(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "trainopt_core.run", "--task", "wikitext2", "--config", "+mixed_precision",
+        [sys.executable, "-m", "trainopt_core.reproduction", "--task", "wikitext2", "--config", "+mixed_precision",
          "--profile", "smoke", "--out", str(tmp_path), "--data-policy", "standin", "--no-progress"],
         capture_output=True, text=True, timeout=300,
     )
@@ -122,6 +123,6 @@ def test_command_line_writes_a_record(tmp_path):
     summary = json.loads(result.stdout[result.stdout.index("{"):])
     assert summary["config"] == "+mixed_precision" and summary["quality_name"] == "perplexity"
     assert len(list(tmp_path.glob("wikitext2__plus_mixed_precision__smoke__*__seed0.json"))) == 1
-    bad = subprocess.run([sys.executable, "-m", "trainopt_core.run", "--task", "wikitext2", "--config", "turbo"],
+    bad = subprocess.run([sys.executable, "-m", "trainopt_core.reproduction", "--task", "wikitext2", "--config", "turbo"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown configuration 'turbo'" in bad.stderr

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from trainopt_core.scaling import RingAllReduceModel, fit_ring_model, gradient_bytes, modelled_throughput
+from trainopt_core.reproduction.scaling import RingAllReduceModel, fit_ring_model, gradient_bytes, modelled_throughput
 
 
 def test_ring_allreduce_cost_formula():
@@ -41,7 +41,7 @@ def test_accumulation_and_reduced_precision_improve_modelled_efficiency():
 
 @pytest.mark.slow
 def test_eq9_probe_reports_every_k_and_the_argmax():
-    from trainopt_core.probe import probe_accumulation_steps
+    from trainopt_core.reproduction.probe import probe_accumulation_steps
 
     result = probe_accumulation_steps("cifar10", "smoke", ks=(1, 4), data_policy="standin", timed_steps=1)
     rows = result["rows"]

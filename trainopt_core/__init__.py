@@ -3,9 +3,29 @@
     from trainopt_core import OptimizationConfig, prepare
     engine = prepare(model, optimizer, OptimizationConfig.optimized(),
                      total_samples=..., micro_batch_size=...)
+
+The thin library (needs only torch) is what sits at this level:
+
+    config.py         OptimizationConfig: one validated configuration, presets, ablation ladder
+    compose.py        prepare(): the components composed around a user's model and optimizer
+    engine.py         TrainingEngine: backward / step / autocast of the torch-native engine
+    accumulation.py   variance-aware gradient accumulation (eqs. 4-9)
+    schedule.py       warmup + cosine LR, linear batch scaling, clipping (eqs. 10-12)
+    precision.py      mixed precision with dynamic loss scaling (eqs. 13-17)
+    checkpointing.py  √L activation checkpointing (eqs. 18-20)
+    distributed/      process groups, DeepSpeed ZeRO engine, launch CLI, run_processes
+    measure/          throughput, peak memory, energy, FLOPs utilization, time-to-target, eq. 3
+
+Beside it, not imported by it (install `trainopt[reproduction]`):
+
+    reproduction/     the paper's experiments: data, models, tasks, profiles, runner, probes
+    reporting/        run records -> tables, figures, error analysis, explorer, notebooks
 """
+from . import distributed, measure
+from .checkpointing import apply_activation_checkpointing, remove_activation_checkpointing
+from .compose import prepare
 from .config import ABLATION_LADDER, OptimizationConfig, leave_one_out
-from .engine import TrainingEngine, prepare
+from .engine import TrainingEngine
 
 __version__ = "0.1.0"
 
@@ -14,15 +34,9 @@ __all__ = [
     "OptimizationConfig",
     "TrainingEngine",
     "apply_activation_checkpointing",
+    "distributed",
     "leave_one_out",
+    "measure",
     "prepare",
+    "remove_activation_checkpointing",
 ]
-
-
-def __getattr__(name):
-    # checkpointing imports torchvision/transformers adapters lazily; keep `import trainopt_core` light
-    if name == "apply_activation_checkpointing":
-        from .checkpointing import apply_activation_checkpointing
-
-        return apply_activation_checkpointing
-    raise AttributeError(f"module 'trainopt_core' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""`prepare()`: the components of paper §III composed for an existing training loop.
+"""The torch-native engine: the components of paper §III around an existing training loop.
 
     engine = trainopt_core.prepare(model, optimizer, config,
                                    total_samples=epochs * len(train_set), micro_batch_size=32)
@@ -13,14 +13,12 @@ tokens). The engine weights each micro-batch by its item count so the step's gra
 mean over *all items of the effective batch* (eq. 4 with unequal micro-batches), not a mean
 of per-micro-batch means -- under DDP over all items of all replicas.
 
-`prepare(..., backend="deepspeed")` returns a `DeepSpeedTrainingEngine` (ZeRO stage 0/1/2,
-trainopt_core/deepspeed_engine.py) with the same interface; its forward runs through
-`engine.model`. Both engines record in `engine.zero_partitioning` what was partitioned.
+`prepare()` (trainopt_core/compose.py) builds this engine, or with `backend="deepspeed"` the
+`DeepSpeedTrainingEngine` (trainopt_core/distributed/deepspeed_engine.py, ZeRO stage 0/1/2)
+with the same interface. Both record in `engine.zero_partitioning` what was partitioned.
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import math
 import warnings
 
@@ -300,67 +298,3 @@ def _torch_zero_partitioning(zero_stage: int, world_size: int) -> str:
         stacklevel=5,
     )
     return f"none: torch-native engine (use backend='deepspeed' for ZeRO-{zero_stage})"
-
-
-BACKENDS = ("torch", "deepspeed", "auto")
-
-
-def deepspeed_available() -> bool:
-    return importlib.util.find_spec("deepspeed") is not None
-
-
-def prepare(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    config: OptimizationConfig,
-    *,
-    total_samples: int,
-    micro_batch_size: int,
-    device: torch.device | str | None = None,
-    world_size: int | None = None,
-    checkpoint_model: torch.nn.Module | None = None,
-    backend: str = "torch",
-) -> TrainingEngine:
-    """Wrap an existing model and optimizer in the configured optimizations.
-
-    Applies √L activation checkpointing to `checkpoint_model` (default: `model`, or its
-    `.module` when `model` is DDP-wrapped) when `config.checkpointing` is set. `world_size`
-    defaults to torch.distributed's when a process group is initialized.
-
-    `backend`: "torch" -- the torch-native engine (one process, or DDP when `model` is a
-    DistributedDataParallel); "deepspeed" -- a DeepSpeed engine running ZeRO stage
-    `config.zero_stage` (pass the plain module; run the forward through `engine.model`);
-    "auto" -- deepspeed when config.zero_stage > 0, world_size > 1 and deepspeed is installed.
-    A DDP model in fp16/bf16 all-reduces its gradients in that precision (torch's compress hooks).
-    """
-    if not isinstance(config, OptimizationConfig):
-        raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is invalid: allowed one of {BACKENDS}")
-    if world_size is None:
-        dist = torch.distributed
-        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if backend == "auto":
-        use_deepspeed = config.zero_stage > 0 and world_size > 1 and deepspeed_available()
-        backend = "deepspeed" if use_deepspeed else "torch"
-    if config.checkpointing is not None:
-        from .checkpointing import apply_activation_checkpointing
-
-        target = checkpoint_model if checkpoint_model is not None else getattr(model, "module", model)
-        apply_activation_checkpointing(target, segments=config.checkpointing)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
-        # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        hook = default_hooks.bf16_compress_hook if config.precision == "bf16" else default_hooks.fp16_compress_hook
-        model.register_comm_hook(None, hook)
-    engine_class = TrainingEngine
-    if backend == "deepspeed":
-        from .deepspeed_engine import DeepSpeedTrainingEngine
-
-        engine_class = DeepSpeedTrainingEngine
-    return engine_class(
-        model, optimizer, config,
-        total_samples=total_samples, micro_batch_size=micro_batch_size,
-        device=device, world_size=world_size,
-    )

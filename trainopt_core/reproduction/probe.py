@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from . import measure
-from .config import OptimizationConfig
-from .engine import prepare
+from .. import measure
+from ..compose import prepare
+from ..config import OptimizationConfig
 from .profiles import get_profile
 from .runner import _one_optimizer_step, resolve_config
 from .tasks import build_task

@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import OptimizationConfig
-from .reports import paper_claims, resolve_reports_dir
+from ..config import OptimizationConfig
+from ..reproduction.profiles import PROFILES, TASKS
+from ..reproduction.runner import run
+from .figures import save_figure
+from .index import caption, markdown_table, write_table
+from .results import paper_claims, resolve_reports_dir
 
 # The paper's model of each task, used in table/figure names (never the data set's name: a
 # stand-in may have run) and the paper's table it mirrors.
@@ -63,9 +67,7 @@ class ReportPaths:
 
 def report_paths(reports_dir: str | os.PathLike, profile: str) -> ReportPaths:
     """The folders of `profile` under `reports_dir` (relative paths: see
-    `reports.resolve_reports_dir`), created if missing."""
-    from .profiles import PROFILES
-
+    `results.resolve_reports_dir`), created if missing."""
     if profile not in PROFILES:
         _fail("profile", profile, f"one of {PROFILES}")
     paths = ReportPaths(resolve_reports_dir(reports_dir), profile)
@@ -76,8 +78,6 @@ def report_paths(reports_dir: str | os.PathLike, profile: str) -> ReportPaths:
 
 def parse_tasks(tasks) -> list[str]:
     """A list of task names from a list or a comma-separated string (papermill passes strings)."""
-    from .profiles import TASKS
-
     names = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks)
     names = [t for t in names if t]
     bad = [t for t in names if t not in TASKS]
@@ -98,8 +98,6 @@ def parse_seeds(seeds) -> list[int]:
 def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str = "auto", **options) -> list[dict]:
     """`runner.run` for every task x configuration x seed (a finished record is reused, not
     re-run); prints one line per run and returns the records."""
-    from .runner import run
-
     records = []
     for task in parse_tasks(tasks):
         for config in configs:
@@ -159,8 +157,6 @@ def table_name(kind: str, task: str | None = None) -> str:
 def publish_table(table: pd.DataFrame, paths: ReportPaths, name: str, title: str, records: list[dict],
                   display: pd.DataFrame | None = None) -> None:
     """Caption `table` with the runs' context, write it (CSV + Markdown) and show it."""
-    from .reports_index import caption, markdown_table, write_table
-
     text = caption(title, records)
     write_table(table, paths.tables, name, text, display=display)
     show_markdown(f"**{title}**\n\n{markdown_table(display if display is not None else table)}\n_{text}_")
@@ -168,8 +164,6 @@ def publish_table(table: pd.DataFrame, paths: ReportPaths, name: str, title: str
 
 def publish_figure(fig, paths: ReportPaths, name: str):
     """Save `fig` as ``figures/<name>.png`` and return it (a notebook shows it)."""
-    from .reports_figures import save_figure
-
     save_figure(fig, paths.figures, name)
     return fig
 

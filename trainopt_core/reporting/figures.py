@@ -17,7 +17,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .reports import aggregate
+from .results import aggregate
 
 STYLE = "whitegrid"
 
@@ -206,7 +206,7 @@ def noise_trajectory(records: list[dict], task: str, *, configs=None) -> Figure:
 # ------------------------------------------------------------------ operation categories
 def op_category_bars(frame: pd.DataFrame, records: list[dict] | None = None) -> Figure:
     """Self time per item (ms) by operation category, one panel per task, bars per
-    configuration (`analysis_profile.profile_operations` rows); the title names the data of
+    configuration (`analysis.profile_operations` rows); the title names the data of
     `records` (runs of the same tasks and profile)."""
     tasks = list(dict.fromkeys(frame["task"])) if len(frame) else []
     fig, axes = _new_figure(ncols=max(len(tasks), 1), width=6.5)

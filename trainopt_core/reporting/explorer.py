@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .checkpointing import expected_saved_fraction
-from .config import OptimizationConfig
-from .reports import aggregate
+from ..checkpointing import expected_saved_fraction
+from ..config import OptimizationConfig
+from .index import format_number
+from .results import aggregate
 
 FP32_BYTES = 4
 ADAMW_STATE_BYTES_PER_PARAMETER = 8   # two FP32 moments
@@ -165,7 +166,6 @@ def explore(records: list[dict], task: str, config: OptimizationConfig, *, calib
 
 def format_explore(table: pd.DataFrame) -> pd.DataFrame:
     """`explore`'s table for reading: memory in MiB, other quantities with 4 significant digits."""
-    from .reports_index import format_number
 
     def shown(value, unit):
         if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -184,7 +184,7 @@ def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
     import ipywidgets as widgets
     from IPython.display import display
 
-    from .reports_figures import quality_curves
+    from .figures import quality_curves
 
     task = widgets.Dropdown(options=list(tasks), description="task")
     components = widgets.SelectMultiple(options=EXPLORER_COMPONENTS, value=EXPLORER_COMPONENTS, description="components",
@@ -207,7 +207,7 @@ def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
         if table.attrs["note"]:
             print(table.attrs["note"])
         print("measured runs:", ", ".join(table.attrs["matched_runs"]) or
-              "none with these settings (run trainopt_core.runner.run with a matching configuration)")
+              "none with these settings (run trainopt_core.reproduction.run with a matching configuration)")
         matched = find_measured(records, task, config)
         if matched:
             display(quality_curves(matched, task))

@@ -1,111 +1,16 @@
-"""Data for the two tasks of paper §IV-A: where it comes from, and batches of whole tensors.
-
-Resolution order for every data set (SPEC §5): a local copy -> a download (only when allowed,
-failing fast) -> an honest stand-in with a loud warning. The loaders live in
-`trainopt_core.data_text` (GPT-2 tokenizer, WikiText-2 or the pydoc_data stand-in) and
-`trainopt_core.data_images` (CIFAR-10 or the synthetic stand-in); they are re-exported here.
-
-This module holds what both share: the data directory and download switches, the
-`data_policy` ("auto" | "real" | "standin"), the stand-in warning, and batched augmentation,
-normalization and batch iterators that work on whole tensors (CPU or GPU; no PIL, no
-DataLoader workers), as fast CIFAR training scripts do.
-"""
+"""Batches of whole tensors: augmentation, normalization and batch iterators (CPU or GPU; no
+PIL, no DataLoader workers), as fast CIFAR training scripts do."""
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import os
-import socket
-import warnings
-from pathlib import Path
 from typing import Iterator
 
 import torch
-
-logger = logging.getLogger(__name__)
-
-DATA_POLICIES = ("auto", "real", "standin")
-DATA_DIR_ENV = "TRAINOPT_DATA_DIR"
-ALLOW_DOWNLOAD_ENV = "TRAINOPT_ALLOW_DOWNLOAD"
-# A download is attempted only after the host answers a TCP connect within this bound, so a
-# machine without network fails in well under a second instead of waiting on library retries.
-DOWNLOAD_PROBE_TIMEOUT_S = 3.0
-DOWNLOAD_TIMEOUT_S = 30.0
 
 # CIFAR-10 channel statistics from the methodology (§ data preprocessing). They are applied to
 # the synthetic stand-in as well, so both data sources go through the identical pipeline.
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CROP_PADDING_PX = 4
-
-
-class StandinDataWarning(UserWarning):
-    """A stand-in data set is used instead of the real one (CIFAR-10 / WikiText-2)."""
-
-
-class DataNotFoundError(FileNotFoundError):
-    """The real data set was required (data_policy="real") but no copy could be found."""
-
-
-# ---------------------------------------------------------------- where data lives, policy
-def default_data_dir() -> Path:
-    """`$TRAINOPT_DATA_DIR`, else `<repository>/data` when run from a checkout, else `./data`."""
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
-    repo = Path(__file__).resolve().parent.parent
-    if (repo / "pyproject.toml").is_file():
-        return repo / "data"
-    return Path.cwd() / "data"
-
-
-def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
-    """`data_dir` as a Path, or `default_data_dir()` when None."""
-    return default_data_dir() if data_dir is None else Path(data_dir).expanduser()
-
-
-def default_cache_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """Where token tensors and generated stand-ins are cached: `<data_dir>/cache`."""
-    return resolve_data_dir(data_dir) / "cache"
-
-
-def downloads_allowed(allow_download: bool | None) -> bool:
-    """`allow_download` if given, else True only when `$TRAINOPT_ALLOW_DOWNLOAD=1`."""
-    if allow_download is None:
-        return os.environ.get(ALLOW_DOWNLOAD_ENV, "0").strip() == "1"
-    if not isinstance(allow_download, bool):
-        raise ValueError(f"allow_download={allow_download!r} is invalid: allowed True, False or None")
-    return allow_download
-
-
-def check_data_policy(data_policy: str) -> str:
-    """Validate `data_policy`: "auto" (real if found, else stand-in), "real" or "standin"."""
-    if data_policy not in DATA_POLICIES:
-        raise ValueError(f"data_policy={data_policy!r} is invalid: allowed one of {DATA_POLICIES}")
-    return data_policy
-
-
-def host_reachable(host: str, port: int = 443, timeout_s: float = DOWNLOAD_PROBE_TIMEOUT_S) -> bool:
-    """True when a TCP connection to host:port opens within `timeout_s` (DNS included)."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def warn_standin(message: str) -> None:
-    """Emit the loud stand-in notice as a `StandinDataWarning` and a logging warning."""
-    banner = f"STAND-IN DATA: {message}"
-    logger.warning(banner)
-    warnings.warn(banner, StandinDataWarning, stacklevel=3)
-
-
-def params_key(params: dict) -> str:
-    """A short stable hash of JSON-able parameters, used to name cache files."""
-    blob = json.dumps(params, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 # ------------------------------------------------------------- augmentation, normalization
@@ -226,30 +131,3 @@ def text_batches(
     for start in range(0, stop, batch_size):
         batch = sequences[order[start : start + batch_size]]
         yield batch if device is None else batch.to(device, non_blocking=True)
-
-
-# ------------------------------------------------- the loaders, re-exported (imported lazily)
-_TEXT_API = ("GPT2_VOCAB_SIZE", "TextCorpus", "gpt2_tokenizer", "load_text_corpus", "load_text_splits",
-             "pack_sequences", "tokenize_text")
-_IMAGE_API = ("ImageDataset", "load_image_dataset", "make_standin_images", "read_cifar10_batches")
-
-
-def __getattr__(name):
-    # data_text / data_images import this module; importing them lazily avoids the cycle
-    if name in _TEXT_API:
-        from . import data_text
-
-        return getattr(data_text, name)
-    if name in _IMAGE_API:
-        from . import data_images
-
-        return getattr(data_images, name)
-    raise AttributeError(f"module 'trainopt_core.data' has no attribute {name!r}")
-
-
-__all__ = [
-    "CIFAR10_MEAN", "CIFAR10_STD", "DATA_POLICIES", "DataNotFoundError", "StandinDataWarning",
-    "augment_batch", "check_data_policy", "default_cache_dir", "default_data_dir",
-    "downloads_allowed", "host_reachable", "image_batches", "normalize_batch", "params_key",
-    "resolve_data_dir", "text_batches", "warn_standin", *_TEXT_API, *_IMAGE_API,
-]

@@ -1,41 +1,19 @@
-"""Run records -> the paper's tables, measured value beside claimed value (SPEC §6).
+"""The paper's tables from run records, measured value beside claimed value (SPEC §6).
 
-Records live in ``reports/<profile>/runs/*.json`` (written by `trainopt_core.runner.run`); the
-tables go to ``reports/<profile>/tables/`` as CSV (numbers) and Markdown (formatted, captioned).
-Every measured number is a mean over seeds with its standard deviation and seed count.
-
-When does a claim hold? (`claim_verdict`)
-- a claimed *change* (time, memory, throughput, FLOPs utilization) holds when the measured
-  relative change has the claimed sign and at least half the claimed magnitude; the right sign
-  with less than half the magnitude is "direction only"; the wrong sign is "not held".
-- a claim of *comparable quality* (final accuracy / perplexity) holds when the measured relative
-  change is within the paper's ±0.5 % (§V-A: "within statistical noise (±0.5%)"), or, with ≥ 2
-  seeds per configuration, within two standard errors of the difference (statistical noise);
-  otherwise "not held", saying whether the optimized run's quality was better or worse.
-- a claimed *scaling efficiency* T_n/(n·T_1) (Table IV) holds when the measured efficiency at the
-  same world size is at most 2 points below the paper's (`efficiency_verdict`); modelled rows are
-  never judged: they are not measurements.
+Tables I/II (main results), III (ablation ladder and leave-one-out) and IV (scaling); each as
+numbers (`*_table`) and as a reader sees them (`format_*`). The tables go to
+``reports/<profile>/tables/`` as CSV (numbers) and Markdown (formatted, captioned); whether a
+claim held follows `verdicts`.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-from functools import lru_cache
-from importlib import resources
-from pathlib import Path
 
 import pandas as pd
 
-from .config import ABLATION_LADDER, leave_one_out
-
-HOLD_FRACTION = 0.5            # at least half the claimed magnitude
-COMPARABLE_TOLERANCE = 0.005   # paper §V-A: ±0.5 %
-EFFICIENCY_TOLERANCE = 0.02    # Table IV: measured efficiency may fall 2 points short of the claim
-
-# Record metrics that every table aggregates (keys of record["metrics"]).
-METRIC_KEYS = ("time_to_target_s", "peak_memory_bytes", "throughput", "final_quality",
-               "flops_utilization", "energy_j", "train_time_s")
+from ..config import ABLATION_LADDER, leave_one_out
+from .results import as_number, aggregate, paper_claims
+from .verdicts import noise_relative, claim_verdict, efficiency_verdict, relative_change
 
 # Tables I and II as data: (row label, record metric, paper claim key, kind, paper unit).
 _MAIN_ROWS = {
@@ -67,143 +45,6 @@ _PAPER_LADDER_NAMES = {
 
 def _fail(argument: str, value, allowed: str) -> None:
     raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
-
-
-# ------------------------------------------------------------------ paths and loading
-def resolve_reports_dir(reports_dir: str | os.PathLike) -> Path:
-    """The reports root. A relative path is taken relative to the ``notebooks/`` folder (the
-    notebooks' parameter ``"../reports"``), whether the kernel runs there or in the repo root."""
-    path = Path(reports_dir)
-    if path.is_absolute():
-        return path
-    cwd = Path.cwd()
-    base = cwd if cwd.name == "notebooks" or not (cwd / "notebooks").is_dir() else cwd / "notebooks"
-    return (base / path).resolve()
-
-
-def profile_dir(reports_dir: str | os.PathLike, profile: str) -> Path:
-    return resolve_reports_dir(reports_dir) / profile
-
-
-def runs_dir(reports_dir: str | os.PathLike, profile: str) -> Path:
-    """Where the runner writes this profile's run records."""
-    return profile_dir(reports_dir, profile) / "runs"
-
-
-def load_records(reports_dir: str | os.PathLike, profile: str, *, tasks=None) -> list[dict]:
-    """Every complete run record of ``reports/<profile>/runs/`` (partial and truncated records
-    and unreadable files are left out), optionally only those of `tasks`."""
-    from .runner import load_record  # the one definition of a finished record
-
-    records = []
-    for path in sorted(runs_dir(reports_dir, profile).glob("*.json")):
-        if path.name.endswith(".partial.json"):
-            continue
-        record = load_record(path)
-        if record is not None and (tasks is None or record.get("task") in tasks):
-            records.append(record)
-    return records
-
-
-@lru_cache(maxsize=1)
-def paper_claims() -> dict:
-    """The paper's numbers (trainopt_core/paper_claims.json)."""
-    return json.loads(resources.files("trainopt_core").joinpath("paper_claims.json").read_text())
-
-
-def records_frame(records: list[dict]) -> pd.DataFrame:
-    """One row per run: identifiers, the precision that ran, and the metrics of SPEC §4."""
-    rows = []
-    for r in records:
-        metrics = r.get("metrics", {})
-        row = dict(task=r["task"], config_name=r["config_name"], seed=r.get("seed"), profile=r.get("profile"),
-                   precision=r.get("config", {}).get("precision"), data_source=r.get("data_source"),
-                   model_name=r.get("model_name"), world_size=r.get("world_size", 1))
-        row.update({key: _number(metrics.get(key)) for key in METRIC_KEYS})
-        rows.append(row)
-    columns = ["task", "config_name", "seed", "profile", "precision", "data_source", "model_name", "world_size",
-               *METRIC_KEYS]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def _number(value) -> float:
-    return float(value) if isinstance(value, (int, float)) and value is not None else math.nan
-
-
-def aggregate(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
-    """Mean, standard deviation (ddof=1; NaN with one seed) and seed count of every metric per
-    (task, config). A metric missing in some seeds (e.g. target never reached) is averaged over
-    the seeds that have it; ``<metric>_n`` says how many."""
-    frame = records if isinstance(records, pd.DataFrame) else records_frame(records)
-    out = []
-    for (task, config), group in frame.groupby(["task", "config_name"], sort=False):
-        row = dict(task=task, config_name=config, n_seeds=len(group),
-                   precision=", ".join(sorted(set(group["precision"].dropna()))))
-        for key in METRIC_KEYS:
-            values = group[key].dropna()
-            row[f"{key}_mean"] = values.mean() if len(values) else math.nan
-            row[f"{key}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan
-            row[f"{key}_n"] = len(values)
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-# ------------------------------------------------------------------ the claim rule
-def relative_change(baseline: float, optimized: float) -> float:
-    """(optimized − baseline) / baseline; NaN when either is missing or the baseline is 0."""
-    if baseline is None or optimized is None or not (math.isfinite(baseline) and math.isfinite(optimized)) or baseline == 0:
-        return math.nan
-    return (optimized - baseline) / abs(baseline)
-
-
-def claim_verdict(claimed_relative: float | None, measured_relative: float, *, kind: str = "change",
-                  noise_relative: float | None = None, higher_is_better: bool | None = None) -> str:
-    """Did the claim hold on this hardware? (rule in the module docstring)
-
-    `kind` is "change" (a claimed improvement) or "comparable" (a claimed equal quality);
-    `noise_relative` is two standard errors of the measured difference, relative to the
-    baseline, when ≥ 2 seeds were run (only used for "comparable"); with `higher_is_better`
-    given, a quality that is not comparable says whether the optimized run was better or worse.
-    """
-    if kind not in ("change", "comparable"):
-        _fail("kind", kind, "'change' or 'comparable'")
-    if claimed_relative is None or (isinstance(claimed_relative, float) and math.isnan(claimed_relative)):
-        return "no claim"
-    if measured_relative is None or not math.isfinite(measured_relative):
-        return "not measured"
-    if kind == "comparable":
-        tolerance = max(COMPARABLE_TOLERANCE, noise_relative or 0.0)
-        if abs(measured_relative) <= tolerance:
-            return "held"
-        if higher_is_better is None:
-            return "not held"
-        better = (measured_relative > 0) == higher_is_better
-        return f"not held (optimized {'better' if better else 'worse'})"
-    if claimed_relative == 0 or math.copysign(1, measured_relative) != math.copysign(1, claimed_relative) or measured_relative == 0:
-        return "not held"
-    return "held" if abs(measured_relative) >= HOLD_FRACTION * abs(claimed_relative) else "direction only"
-
-
-def efficiency_verdict(claimed: float | None, measured: float | None, *, modelled: bool = False) -> str:
-    """Did a claimed scaling efficiency hold? (rule in the module docstring)"""
-    if modelled:
-        return "modelled, not judged"
-    if claimed is None or not math.isfinite(claimed):
-        return "no claim"
-    if measured is None or not math.isfinite(measured):
-        return "not measured"
-    if measured >= claimed - EFFICIENCY_TOLERANCE:
-        return "held"
-    return f"not held ({100 * (claimed - measured):.1f} points lower)"
-
-
-def _noise_relative(base: pd.Series, opt: pd.Series, key: str) -> float | None:
-    """Two standard errors of (optimized − baseline), relative to the baseline mean."""
-    n_b, n_o = base[f"{key}_n"], opt[f"{key}_n"]
-    if n_b < 2 or n_o < 2 or not base[f"{key}_mean"]:
-        return None
-    se = math.sqrt(base[f"{key}_std"] ** 2 / n_b + opt[f"{key}_std"] ** 2 / n_o)
-    return 2 * se / abs(base[f"{key}_mean"])
 
 
 # ------------------------------------------------------------------ Tables I and II
@@ -239,7 +80,7 @@ def main_results_table(records: list[dict], task: str, *, baseline: str = "basel
             measured[f"measured_{side}_n"] = int(row[f"{key}_n"]) if row is not None else 0
             measured[f"measured_{side}_seeds"] = int(row["n_seeds"]) if row is not None else 0
         measured_rel = relative_change(measured["measured_baseline"], measured["measured_optimized"])
-        noise = _noise_relative(base, opt, key) if base is not None and opt is not None else None
+        noise = noise_relative(base, opt, key) if base is not None and opt is not None else None
         out.append(dict(
             metric=label, record_metric=key, kind=kind,
             paper_baseline=claim["baseline"] if claim else math.nan,
@@ -402,13 +243,13 @@ def scaling_table(rows: list[dict], *, task: str = "cifar10") -> pd.DataFrame:
         core = ("world_size", "config", "throughput", "efficiency", "modelled", "source")
         out.append(dict(
             world_size=int(row["world_size"]), config=row["config"],
-            throughput=_number(row["throughput"]), efficiency=_number(row["efficiency"]),
+            throughput=as_number(row["throughput"]), efficiency=as_number(row["efficiency"]),
             source="modelled" if row.get("modelled") else "measured",
             source_detail=row.get("source", ""),
             paper_throughput=claim.get(f"{kind}_img_s", math.nan),
             paper_efficiency=claim.get(f"{kind}_efficiency", math.nan),
             claim_held=("—" if int(row["world_size"]) == 1 else  # T_1/(1·T_1) = 1 by definition
-                        efficiency_verdict(claim.get(f"{kind}_efficiency"), _number(row["efficiency"]),
+                        efficiency_verdict(claim.get(f"{kind}_efficiency"), as_number(row["efficiency"]),
                                            modelled=bool(row.get("modelled")))),
             **{k: v for k, v in row.items() if k not in core},
         ))
@@ -432,8 +273,3 @@ def format_scaling_table(table: pd.DataFrame) -> pd.DataFrame:
             "Claim held?": r["claim_held"],
         })
     return pd.DataFrame(rows)
-
-
-# Captions, Markdown/CSV writing and the reports index live in reports_index; re-exported here.
-from .reports_index import (caption, format_bytes_frame, format_number, markdown_table, run_context,  # noqa: E402,F401
-                            write_reports_index, write_table)

@@ -1,13 +1,11 @@
 """One training run -> one JSON run record (SPEC §6).
 
-The record's name carries the configuration hash and the seed; a complete record is reused
-instead of re-running, and a record is written atomically only when the run finished, so an
-interrupted run never leaves something that looks complete.
+A complete record (see `records`) is reused instead of re-running, and a record is written only
+when the run finished, so an interrupted run never leaves something that looks complete.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -16,14 +14,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import measure
-from .config import OptimizationConfig
-from .engine import prepare
+from .. import measure
+from ..compose import prepare
+from ..config import OptimizationConfig
 from .profiles import TaskProfile, get_profile
+from .records import RECORD_SCHEMA, _as_json, load_record, record_path, write_record
 from .tasks import Task, build_task
-
-RECORD_SCHEMA = 1
-
 
 # ------------------------------------------------------------------ configuration for a run
 def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, device: torch.device) -> tuple[OptimizationConfig, list[str]]:
@@ -39,43 +35,6 @@ def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, devic
 def micro_batch_size(cfg: OptimizationConfig, profile: TaskProfile) -> int:
     """The baseline batch ÷ the starting k (README: our reading of the optimized batch)."""
     return max(1, profile.baseline_batch_size // (cfg.k_min if cfg.adaptive else cfg.k))
-
-
-def record_path(out_dir: Path, task: str, cfg: OptimizationConfig, profile: str, seed: int) -> Path:
-    return Path(out_dir) / f"{task}__{cfg.name.replace('+', 'plus_').replace('-', 'minus_')}__{profile}__{cfg.config_hash()}__seed{seed}.json"
-
-
-def load_record(path: Path) -> dict | None:
-    """A finished record, or None (missing, unreadable, or not marked complete)."""
-    try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if record.get("status") != "complete" or record.get("schema") != RECORD_SCHEMA:
-        return None
-    return record
-
-
-def write_record(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".partial.json")
-    tmp.write_text(json.dumps(record, indent=1, default=_json_default))
-    os.replace(tmp, path)  # atomic: readers see the old state or the finished record
-
-
-def _as_json(value):
-    """`value` as it reads back from a record (tuples become lists)."""
-    return json.loads(json.dumps(value, default=_json_default))
-
-
-def _json_default(value):
-    if isinstance(value, (torch.Tensor,)):
-        return value.tolist()
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serializable: {type(value)}")
 
 
 # ------------------------------------------------------------------ the run

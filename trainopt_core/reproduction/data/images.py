@@ -5,7 +5,7 @@ CIFAR-10: a local `cifar-10-batches-py/` (torchvision's format) -> torchvision's
 10-class 32x32 RGB set that is never called CIFAR-10.
 
 Images are kept as uint8 tensors [N, 3, 32, 32] (N x 3 KiB: CIFAR-10 is 184 MB) and turned
-into normalized float batches by `trainopt_core.data.image_batches`.
+into normalized float batches by `trainopt_core.reproduction.data.image_batches`.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import (
+from .sources import (
     DOWNLOAD_TIMEOUT_S,
     DataNotFoundError,
     check_data_policy,

@@ -1,7 +1,7 @@
 """Process-group helpers shared by the launchers and the training engines.
 
 Every process of a data-parallel job calls `init_distributed()` once. It reads the variables
-that torchrun, the DeepSpeed launcher and `trainopt_core.launch.run_processes` all set
+that torchrun, the DeepSpeed launcher and `trainopt_core.distributed.run_processes` all set
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), joins the process group with a
 bounded collective timeout, pins the process to its GPU, and on CPU fixes the number of torch
 threads per process. Without WORLD_SIZE it returns a single-process `DistInfo` and changes
@@ -11,6 +11,7 @@ nothing, so the same training script runs with and without a launcher.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -24,11 +25,18 @@ ALLOWED_BACKENDS = ("gloo", "nccl", "mpi")
 # 30 min). Long enough for one rank to evaluate or save while the others wait at a barrier.
 DEFAULT_DIST_TIMEOUT_S = 600.0
 
-# Set by `python -m trainopt_core.launch --threads-per-process / --dist-timeout-s` so that the
+# Set by `python -m trainopt_core.distributed --threads-per-process / --dist-timeout-s` so that the
 # launched processes pick the values up without the training script forwarding them.
 THREADS_ENV = "TRAINOPT_THREADS_PER_PROCESS"
 TIMEOUT_ENV = "TRAINOPT_DIST_TIMEOUT_S"
 
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (the OS picks it; a small race with other users of
+    the port remains, as with torchrun --standalone)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)

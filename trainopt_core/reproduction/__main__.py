@@ -1,8 +1,8 @@
 """Command line: one training run -> one JSON run record.
 
-    python -m trainopt_core.run --task cifar10 --config optimized --profile quick --seed 0 --out reports/quick/runs
+    python -m trainopt_core.reproduction --task cifar10 --config optimized --profile quick --seed 0 --out reports/quick/runs
 
-Under `python -m trainopt_core.launch --nproc N -- ...` every rank runs this; rank 0 writes the record.
+Under `python -m trainopt_core.distributed --nproc N -- ...` every rank runs this; rank 0 writes the record.
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record as record_errors
 
-from .config import OptimizationConfig
+from ..config import OptimizationConfig
 from .profiles import PROFILES, TASKS
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m trainopt_core.run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainopt_core.reproduction", description=__doc__.split("\n")[0])
     parser.add_argument("--task", required=True, choices=TASKS)
     parser.add_argument("--config", required=True,
                         help="baseline | optimized | an ablation step (+accumulation, ...) | a leave-one-out step (-checkpointing, ...)")
@@ -41,7 +41,7 @@ def _parse(argv):
 @record_errors
 def main(argv=None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    from .distributed import cleanup, init_distributed
+    from ..distributed import cleanup, init_distributed
     from .runner import run
 
     info = init_distributed()

@@ -21,7 +21,13 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from .precision import autocast
+from ...checkpointing import apply_activation_checkpointing, remove_activation_checkpointing
+from ...compose import prepare
+from ...config import OptimizationConfig
+from ...precision import autocast
+from ...reproduction.profiles import get_profile
+from ...reproduction.runner import micro_batch_size, resolve_config
+from ...reproduction.tasks import build_task
 
 OP_CATEGORIES = ("convolution", "matmul/attention", "normalization", "element-wise", "optimizer",
                  "communication", "other")
@@ -104,11 +110,6 @@ def profile_training_steps(step: Callable[[], int], *, steps: int = 2, warmup_st
 
 def _task_setup(task: str, config, *, profile: str, data_policy: str, data_dir, device, seed: int):
     """Model, optimizer, engine and micro-batches of a task exactly as the runner builds them."""
-    from .engine import prepare
-    from .profiles import get_profile
-    from .runner import micro_batch_size, resolve_config
-    from .tasks import build_task
-
     prof = get_profile(task, profile)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cfg, _ = resolve_config(config, prof, device)
@@ -239,9 +240,6 @@ def measure_recompute_overhead(task: str, *, config: str = "+lr_schedule", segme
     model, micro-batches and precision (`config` without checkpointing). Also reports the
     forward share of a plain step -- eq. 20's bound: recomputing every checkpointed block once
     costs about one extra forward."""
-    from .checkpointing import apply_activation_checkpointing, remove_activation_checkpointing
-    from .config import OptimizationConfig
-
     if not isinstance(repeats, int) or repeats < 1:
         _fail("repeats", repeats, "an integer >= 1")
     plain = OptimizationConfig.preset(config).replace(checkpointing=None) if isinstance(config, str) else config

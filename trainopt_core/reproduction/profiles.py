@@ -20,7 +20,7 @@ TASKS = ("cifar10", "wikitext2")
 class TaskProfile:
     task: str
     profile: str
-    model: dict                     # size of the model (trainopt_core.models.MODEL_SIZES)
+    model: dict                     # size of the model (trainopt_core.reproduction.models.MODEL_SIZES)
     baseline_batch_size: int        # paper: 128 images / 32 sequences
     train_samples: int | None       # samples per epoch (None: the whole training split)
     epochs: float

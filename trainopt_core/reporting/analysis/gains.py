@@ -10,7 +10,7 @@
 - the eq. 21 decomposition  Speedup_net = Throughput_gain / (1 + Recomputation_overhead);
 - the adaptive-k and gradient-noise (B_simple) trajectory by phase.
 
-Operation-level profiles (torch.profiler) and timings live in `analysis_profile`.
+Operation-level profiles (torch.profiler) and timings live in `profiling`.
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from .config import COMPONENTS
-from .reports import aggregate, paper_claims, relative_change
-from .reports_figures import memory_breakdown_frame
+from ...config import COMPONENTS
+from ..figures import memory_breakdown_frame
+from ..results import aggregate, paper_claims
+from ..verdicts import relative_change
 
 PHASES = ("early", "middle", "late")
 
@@ -148,7 +149,7 @@ def eq21_decomposition(records: list[dict], task: str, *, recompute_overhead: fl
     - throughput gain: throughput of the optimized configuration *without* checkpointing over
       the baseline's;
     - recomputation overhead: `recompute_overhead` when given (a direct timing, e.g.
-      `analysis_profile.measure_recompute_overhead`), else from the records as
+      `profiling.measure_recompute_overhead`), else from the records as
       throughput(without checkpointing) / throughput(optimized) - 1;
     - predicted net speedup = gain / (1 + overhead), beside the measured net throughput ratio
       optimized / baseline and the time-to-target speedup. With the overhead taken from the

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .results import load_records, resolve_reports_dir
+
 # Layout of one profile's folder under reports/.
 SUBDIRS = {"runs": "JSON run records", "tables": "CSV numbers + captioned Markdown",
            "figures": "PNG", "notebooks": "the executed notebooks"}
@@ -196,8 +198,6 @@ def write_reports_index(reports_root: str | os.PathLike) -> Path:
     """Write ``<reports_root>/README.md``: for every profile present, the environment of its
     runs (from the records' manifests), every table inline, every figure linked and the
     executed notebooks. Returns the path."""
-    from .reports import load_records, resolve_reports_dir
-
     root = resolve_reports_dir(reports_root)
     root.mkdir(parents=True, exist_ok=True)
     lines = ["# Reports", "",

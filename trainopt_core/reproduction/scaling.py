@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .launch import run_processes
+from ..distributed import run_processes
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _allreduce_probe(sizes=(1, 2**20 // 4, 2**22 // 4), repeats: int = 5) -> lis
 def _scaling_worker(task: str, profile: str, config: str, steps: int, warmup_steps: int, seed: int,
                     data_policy: str, probe_comm: bool) -> dict:
     """One rank: DDP training steps, timed after warm-up; returns this rank's counts."""
-    from .engine import prepare
+    from ..compose import prepare
     from .profiles import get_profile
     from .runner import _one_optimizer_step, micro_batch_size, resolve_config
     from .tasks import build_task

@@ -39,10 +39,11 @@ import os
 
 import torch
 
-from . import precision as mp
-from .config import OptimizationConfig
-from .engine import TrainingEngine
-from .schedule import clip_gradients
+from .. import precision as mp
+from ..config import OptimizationConfig
+from ..engine import TrainingEngine
+from ..schedule import clip_gradients
+from .process_group import find_free_port
 
 
 def deepspeed_config(config: OptimizationConfig, *, micro_batch_size: int, k: int) -> dict:
@@ -317,10 +318,8 @@ def _ensure_process_group(device: torch.device, world_size: int) -> bool:
     if world_size != 1:
         raise ValueError(
             f"world_size={world_size!r} needs an initialized process group: start the processes with "
-            "trainopt_core.launch (run_processes or the CLI) or torchrun"
+            "trainopt_core.distributed (run_processes or the launch CLI) or torchrun"
         )
-    from .launch import find_free_port
-
     os.environ.setdefault("LOCAL_RANK", "0")  # what a launcher sets; DeepSpeed requires it
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo",

