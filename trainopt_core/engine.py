@@ -208,22 +208,27 @@ class TrainingEngine:
         self._lr_multiplier = self.schedule.lr_multiplier(samples_after_step, effective_batch_size)
         set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
 
-    def gather_from_replicas(self, local) -> list:
-        """Every replica's `local` (picklable), by rank (one process: `[local]`)."""
-        if self.world_size > 1 and torch.distributed.is_initialized():
-            gathered: list = [None] * self.world_size
-            torch.distributed.all_gather_object(gathered, local)
-            return gathered
-        return [local]
+    def _gather_noise_inputs(self) -> tuple[float, list[tuple[float, float]]]:
+        """Rank 0's |G_acc|² and every replica's (|g_j|², items) per micro-batch, in rank order."""
+        micro, grad_sq = self.monitor.micro_norms(), float(self._grad_norm) ** 2
+        if not (self.world_size > 1 and torch.distributed.is_initialized()):
+            return grad_sq, micro
+        # One float64 all_gather of rows [|G_acc|², 0], (|g_j|², n_j)...: the replicas agree on k,
+        # so the shapes match. Tensors, not all_gather_object: torch's object collectives need
+        # numpy, which an install of torch alone does not have.
+        local = torch.tensor([(grad_sq, 0.0), *micro], dtype=torch.float64, device=self.device)
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        torch.distributed.all_gather(gathered, local)
+        rows = [rank_rows.tolist() for rank_rows in gathered]
+        return rows[0][0][0], [(sq, items) for rank_rows in rows for sq, items in rank_rows[1:]]
 
     def _update_k(self) -> None:
         # The hooked norms are per-process; the accumulated gradient is the global mean after the
         # boundary all-reduce, so replicas add draws to eq. 7's sample of micro-batch gradients.
         # Every rank then runs eqs. 6-7 on the same gathered numbers -- rank 0's |G_acc|² too,
         # in case the replicas' reduced gradients differ in the last bit -- so all pick the same k.
-        gathered = self.gather_from_replicas((self.monitor.micro_norms(), float(self._grad_norm) ** 2))
-        micro = [pair for rank_micro, _ in gathered for pair in rank_micro]
-        estimate = self.monitor.finish_step(gathered[0][1], micro)
+        grad_sq, micro = self._gather_noise_inputs()
+        estimate = self.monitor.finish_step(grad_sq, micro)
         if estimate is None:
             return
         self.k = choose_k(

@@ -200,7 +200,10 @@ def barrier() -> None:
 
 
 def all_gather_object(obj: Any) -> list[Any]:
-    """Every rank's `obj` (picklable), indexed by rank; `[obj]` without a process group."""
+    """Every rank's `obj` (picklable), indexed by rank; `[obj]` without a process group.
+
+    torch's object collectives need numpy, which an install of torch alone may lack; the engines
+    gather tensors instead."""
     if not dist.is_initialized():
         return [obj]
     gathered: list[Any] = [None] * dist.get_world_size()
