@@ -62,3 +62,11 @@ def test_launch_cli_runs_a_torchrun_job_with_torch_only(torch_only_env):
                  "--module", "torch_only_target", "--", "--ddp"], torch_only_env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert "launch CLI: 2 DDP ranks agree on the weights" in done.stdout
+
+
+@pytest.mark.parametrize("subpackage, extra", [("reproduction", "reproduction"), ("reporting", "notebooks")])
+def test_subpackages_without_their_extra_name_the_extra_to_install(torch_only_env, subpackage, extra):
+    done = _run(["-c", f"import trainopt_core.{subpackage}"], torch_only_env)
+    assert done.returncode != 0
+    assert f"trainopt_core.{subpackage} needs" in done.stderr and f"pip install 'trainopt[{extra}]'" in done.stderr, \
+        done.stderr[-2000:]

