@@ -1,0 +1,105 @@
+"""Re-run run records with the current code and compare what must not change.
+
+    python scripts/rerun_records.py reports/quick/runs --out /tmp/rerun      # re-run, then compare
+    python scripts/rerun_records.py reports/quick/runs --compare /tmp/rerun  # compare only
+
+For a seed, a run's quality, schedule, accumulation and memory are deterministic on one machine
+(same code path, same data order); its clock readings are not. This compares, exactly (floats
+with ==), the deterministic fields of every record in the reference folder with the record of
+the same name in the other folder:
+
+- metrics: final quality, peak memory and its breakdown by category, optimizer and skipped steps;
+- history (every evaluation): samples, step, quality, train loss, lr, k, loss scale, effective
+  batch, B_simple;
+- steps (every optimizer step): loss, lr, k, effective batch, loss scale, gradient norm, σ², |G|²,
+  B_simple, samples consumed;
+- identity: configuration and its hash, data source, model size, micro-batch size.
+
+Timing fields (time_s, throughput, time to target, wall time) and the manifest are not compared.
+Exit status 0 when every record matches, 1 otherwise (each difference is printed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+METRICS = ("final_quality", "peak_memory_bytes", "memory_breakdown_bytes", "optimizer_steps", "skipped_steps",
+           "flops_per_item", "target")
+HISTORY = ("samples", "step", "quality", "train_loss", "lr", "k", "loss_scale", "effective_batch_size", "b_simple")
+STEPS = ("step", "loss", "lr", "k", "effective_batch_size", "loss_scale", "skipped_steps", "grad_norm", "sigma_sq",
+         "grad_sq", "b_simple", "samples_consumed")
+IDENTITY = ("task", "config_name", "config", "config_hash", "profile", "seed", "data_source", "model_name",
+            "num_parameters", "micro_batch_size", "world_size", "status")
+
+
+def deterministic_fields(record: dict) -> dict:
+    return {
+        **{key: record.get(key) for key in IDENTITY},
+        **{f"metrics.{key}": record["metrics"].get(key) for key in METRICS},
+        **{f"history[{i}].{key}": entry.get(key) for i, entry in enumerate(record["history"]) for key in HISTORY},
+        "history.length": len(record["history"]),
+        **{f"steps[{i}].{key}": entry.get(key) for i, entry in enumerate(record["steps"]) for key in STEPS},
+        "steps.length": len(record["steps"]),
+    }
+
+
+def differences(reference: dict, other: dict) -> list[str]:
+    ref, new = deterministic_fields(reference), deterministic_fields(other)
+    return [f"{key}: {ref.get(key)!r} != {new.get(key)!r}" for key in sorted(set(ref) | set(new))
+            if ref.get(key) != new.get(key)]
+
+
+def rerun(reference_dir: Path, out_dir: Path) -> None:
+    from trainopt_core import OptimizationConfig
+    from trainopt_core.reproduction import run
+
+    for path in sorted(reference_dir.glob("*.json")):
+        if path.name.endswith(".partial.json"):
+            continue
+        record = json.loads(path.read_text())
+        start = time.perf_counter()
+        run(record["task"], OptimizationConfig.from_dict(record["config"]), profile=record["profile"],
+            seed=record["seed"], out_dir=out_dir, progress=False)
+        print(f"re-ran {path.name} in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def compare(reference_dir: Path, other_dir: Path) -> int:
+    references = sorted(p for p in reference_dir.glob("*.json") if not p.name.endswith(".partial.json"))
+    if not references:
+        print(f"no run records in {reference_dir}", file=sys.stderr)
+        return 1
+    failed = 0
+    for path in references:
+        other = other_dir / path.name
+        if not other.is_file():
+            print(f"MISSING {path.name}: no record of that name in {other_dir}")
+            failed += 1
+            continue
+        found = differences(json.loads(path.read_text()), json.loads(other.read_text()))
+        fields = len(deterministic_fields(json.loads(path.read_text())))
+        print(f"{'DIFFERS' if found else 'same   '} {path.name}: {fields} deterministic fields"
+              + (f", {len(found)} differ" if found else ""))
+        for line in found[:20]:
+            print(f"    {line}")
+        failed += bool(found)
+    print(f"{len(references) - failed} of {len(references)} records identical in every deterministic field")
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("reference", type=Path, help="folder of reference run records")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--out", type=Path, help="re-run every reference record into this folder, then compare")
+    group.add_argument("--compare", type=Path, help="compare with the records in this folder")
+    args = parser.parse_args(argv)
+    if args.out is not None:
+        rerun(args.reference, args.out)
+    return compare(args.reference, args.out or args.compare)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
