@@ -78,8 +78,9 @@ def compare(reference_dir: Path, other_dir: Path) -> int:
             print(f"MISSING {path.name}: no record of that name in {other_dir}")
             failed += 1
             continue
-        found = differences(json.loads(path.read_text()), json.loads(other.read_text()))
-        fields = len(deterministic_fields(json.loads(path.read_text())))
+        reference = json.loads(path.read_text())
+        found = differences(reference, json.loads(other.read_text()))
+        fields = len(deterministic_fields(reference))
         print(f"{'DIFFERS' if found else 'same   '} {path.name}: {fields} deterministic fields"
               + (f", {len(found)} differ" if found else ""))
         for line in found[:20]:

@@ -32,7 +32,7 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py")) if p.name != "__main__.py"}
+    return {_module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:

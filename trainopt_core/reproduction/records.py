@@ -39,7 +39,7 @@ def write_record(path: Path, record: dict) -> None:
     os.replace(tmp, path)  # atomic: readers see the old state or the finished record
 
 
-def _as_json(value):
+def as_json(value):
     """`value` as it reads back from a record (tuples become lists)."""
     return json.loads(json.dumps(value, default=_json_default))
 

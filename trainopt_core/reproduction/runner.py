@@ -18,7 +18,7 @@ from .. import measure
 from ..compose import prepare
 from ..config import OptimizationConfig
 from .profiles import TaskProfile, get_profile
-from .records import RECORD_SCHEMA, _as_json, load_record, record_path, write_record
+from .records import RECORD_SCHEMA, as_json, load_record, record_path, write_record
 from .tasks import Task, build_task
 
 # ------------------------------------------------------------------ configuration for a run
@@ -70,7 +70,7 @@ def run(
     cfg, notes = resolve_config(config, prof, device)
     path = record_path(Path(out_dir), task, cfg, profile, seed)
     existing = None if options.rerun else load_record(path)
-    if existing is not None and existing.get("profile_settings") == _as_json(prof.to_dict()):
+    if existing is not None and existing.get("profile_settings") == as_json(prof.to_dict()):
         return existing  # a record made under other profile settings (an older version) is re-run
 
     torch.manual_seed(seed)
