@@ -388,19 +388,23 @@ def test_deepspeed_engine_runs_one_process_without_a_launcher():
 
 def test_deepspeed_config_carries_every_setting_of_the_optimization_config():
     config = OptimizationConfig.optimized().replace(initial_loss_scale=2.0**12, loss_scale_growth_interval=500)
-    ds = deepspeed_config(config, micro_batch_size=32, k=4)
+    ds = deepspeed_config(config, micro_batch_size=32, k=4, num_parameters=4_000_000)
     assert ds["train_micro_batch_size_per_gpu"] == 32 and ds["gradient_accumulation_steps"] == 4
-    assert ds["gradient_clipping"] == 1.0 and ds["zero_optimization"] == {"stage": 2}
+    assert ds["gradient_clipping"] == 1.0
+    assert ds["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 4_000_000, "allgather_bucket_size": 4_000_000}
     assert ds["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
                           "hysteresis": 1, "min_loss_scale": 1}
     assert "bf16" not in ds
-    bf16 = deepspeed_config(config.replace(precision="bf16", clip_norm=None, zero_stage=1), micro_batch_size=8, k=1)
+    bf16 = deepspeed_config(config.replace(precision="bf16", clip_norm=None, zero_stage=1), micro_batch_size=8, k=1,
+                            num_parameters=4_000_000)
     assert bf16["bf16"] == {"enabled": True} and "fp16" not in bf16
-    assert bf16["gradient_clipping"] == 0.0 and bf16["zero_optimization"] == {"stage": 1}
+    assert bf16["gradient_clipping"] == 0.0 and bf16["zero_optimization"]["stage"] == 1
     with pytest.raises(ValueError, match="initial_loss_scale=1000.0"):
-        deepspeed_config(config.replace(initial_loss_scale=1000.0), micro_batch_size=8, k=1)
+        deepspeed_config(config.replace(initial_loss_scale=1000.0), micro_batch_size=8, k=1, num_parameters=10)
     with pytest.raises(ValueError, match="k=0"):
-        deepspeed_config(config, micro_batch_size=8, k=0)
+        deepspeed_config(config, micro_batch_size=8, k=0, num_parameters=10)
+    with pytest.raises(ValueError, match="num_parameters=1.5"):
+        deepspeed_config(config, micro_batch_size=8, k=1, num_parameters=1.5)
 
 
 def test_torch_native_engine_states_that_it_partitions_nothing():

@@ -82,6 +82,8 @@ class TrainingEngine:
         self.samples_consumed = 0
         self.optimizer_steps = 0
         self.skipped_steps = 0
+        self.consecutive_skipped_steps = 0
+        self.zero_bucket_sizes: dict[str, int] | None = None  # DeepSpeed ZeRO buckets (elements), else None
         self.effective_batch_size = micro_batch_size * self.k * world_size
         self._micro_index = 0
         self._step_items = 0.0
@@ -165,7 +167,12 @@ class TrainingEngine:
     def step(self) -> bool:
         """At the accumulation boundary: unscale → clip → optimizer step → LR update → zero_grad →
         choose the next k. Returns whether the optimizer stepped (False between boundaries and
-        for fp16 steps skipped because of inf/nan gradients)."""
+        for fp16 steps skipped because of inf/nan gradients; `skipped_steps` counts those).
+
+        fp16: raises RuntimeError after the step's bookkeeping when the loss scale has collapsed
+        (`precision.check_loss_scale`: backed off below `precision.MIN_LOSS_SCALE` = 2^-24 by
+        consecutive skipped steps, or 0/inf/nan); `skipped_steps` and `optimizer_steps` then
+        include the step that raised."""
         if self._micro_index < self.k:
             return False
         grads = [p.grad for p in self.parameters if p.grad is not None]
@@ -180,15 +187,20 @@ class TrainingEngine:
         self._apply_lr(self.samples_consumed + step_samples, step_samples)
         stepped = True
         if self.scaler is not None:
+            # GradScaler skips the optimizer step exactly when the unscaled gradients hold an
+            # inf/nan; read that from the gradients, not from the scale backing off (a scale that
+            # has underflowed to 0 stays 0 while every step is skipped).
+            stepped = not mp.gradients_non_finite(self._grad_norm, grads)
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            new_scale = float(self.scaler.get_scale())
-            stepped = new_scale >= self._loss_scale  # GradScaler backs off exactly when it skips
-            self._loss_scale = new_scale
+            self._loss_scale = float(self.scaler.get_scale())
         else:
             self.optimizer.step()
-        if not stepped:
+        if stepped:
+            self.consecutive_skipped_steps = 0
+        else:
             self.skipped_steps += 1
+            self.consecutive_skipped_steps += 1
         if self.monitor is not None:
             self._update_k()
         self.optimizer.zero_grad(set_to_none=True)
@@ -198,6 +210,8 @@ class TrainingEngine:
         self._step_items = 0.0
         self._step_samples = 0
         self._set_grad_sync()
+        if self.scaler is not None:
+            mp.check_loss_scale(self._loss_scale, consecutive_skips=self.consecutive_skipped_steps)
         return stepped
 
     # ------------------------------------------------------------------ internals

@@ -3,10 +3,16 @@
 Autocast keeps the parameters -- the master weights of eq. 13 -- in FP32 and runs eligible ops
 in FP16/BF16; fp16 adds torch.amp.GradScaler's dynamic loss scaling (eqs. 15-16): initial scale
 2^16, ×2 after `growth_interval` clean steps, ×0.5 and skip the step on inf/nan.
+
+A step is skipped exactly when its unscaled gradients hold an inf or nan (GradScaler's found-inf
+test); the engines count skips from that, never from the scale's movement, which stops moving
+once the scale has underflowed to 0. A scale that can no longer do its job stops the run
+(`check_loss_scale`): backing off below `MIN_LOSS_SCALE`, or a scale of 0, inf or nan.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 
 import torch
@@ -14,6 +20,13 @@ import torch
 from .config import OptimizationConfig
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# The smallest loss scale worth skipping steps for: fp16's smallest subnormal. Below it every
+# gradient of magnitude < 1 scales to under what fp16 can hold, so a run that keeps overflowing
+# there has non-finite values of its own (a diverged loss, a nan weight), not a range problem
+# that a smaller scale fixes. From the initial 2^16, 40 consecutive skipped steps reach it and
+# the 41st stops the run.
+MIN_LOSS_SCALE = 2.0**-24
 
 
 def autocast(device: torch.device, precision: str):
@@ -40,3 +53,41 @@ def make_grad_scaler(device: torch.device, config: OptimizationConfig) -> torch.
         backoff_factor=0.5,
         growth_interval=config.loss_scale_growth_interval,
     )
+
+
+def gradients_non_finite(grad_norm: torch.Tensor | float, grads) -> bool:
+    """Whether the (unscaled) gradients hold an inf or nan: GradScaler's found-inf test.
+
+    `grad_norm` is their total norm (what clipping returns): finite gradients give a finite
+    norm, except when squaring gradients beyond ~1e19 overflows the norm itself -- only then
+    are the gradients inspected element by element.
+    """
+    if math.isfinite(float(grad_norm)):
+        return False
+    return any(not bool(torch.isfinite(g).all()) for g in grads)
+
+
+def loss_scale_collapse_error(*, consecutive_skips: int, loss_scale: float, min_loss_scale: float,
+                              backend: str, detail: str = "") -> RuntimeError:
+    """The RuntimeError both engines raise for a collapsed fp16 loss scale (what happened, what is allowed)."""
+    return RuntimeError(
+        f"fp16 loss scale collapsed: {consecutive_skips} consecutive skipped steps (inf/nan gradients); "
+        f"the {backend} loss scale is now {loss_scale!r}{detail}, allowed: a finite scale that stays >= "
+        f"{min_loss_scale!r}, the floor below which skipping steps cannot help. The loss or the weights are "
+        "non-finite regardless of scaling: check the data and the learning rate, or train in bf16/fp32."
+    )
+
+
+def check_loss_scale(loss_scale: float, *, consecutive_skips: int, min_loss_scale: float = MIN_LOSS_SCALE,
+                     backend: str = "torch.amp.GradScaler") -> None:
+    """Raise RuntimeError when fp16 dynamic loss scaling has collapsed.
+
+    Collapsed: the scale is 0, inf or nan, or consecutive skipped steps have backed it off
+    below `min_loss_scale` (a step skipped with the scale already at the floor). Each further
+    step would be skipped too (the gradients of a zero scale unscale to nan), so the run stops
+    instead of training on without updates.
+    """
+    collapsed = not math.isfinite(loss_scale) or loss_scale <= 0 or (consecutive_skips > 0 and loss_scale < min_loss_scale)
+    if collapsed:
+        raise loss_scale_collapse_error(consecutive_skips=consecutive_skips, loss_scale=loss_scale,
+                                        min_loss_scale=min_loss_scale, backend=backend)

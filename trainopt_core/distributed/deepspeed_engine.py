@@ -45,23 +45,52 @@ from ..engine import TrainingEngine
 from ..schedule import clip_gradients
 from .process_group import find_free_port
 
+# DeepSpeed's fp16 loss-scale floor (its fp16.min_loss_scale takes integers only; GradScaler's
+# floor, precision.MIN_LOSS_SCALE, is lower).
+DEEPSPEED_MIN_LOSS_SCALE = 1
+# DeepSpeed's default ZeRO bucket size (elements), and the smallest bucket we size to a model.
+DEEPSPEED_DEFAULT_BUCKET_ELEMENTS = 500_000_000
+MIN_BUCKET_ELEMENTS = 65_536
 
-def deepspeed_config(config: OptimizationConfig, *, micro_batch_size: int, k: int) -> dict:
-    """The DeepSpeed config dict for `config` (k: the starting gradient_accumulation_steps).
+
+def zero_bucket_sizes(num_parameters: int) -> dict[str, int]:
+    """ZeRO-1/2 bucket sizes (elements) for a model with `num_parameters` trainable parameters.
+
+    DeepSpeed's default of 5e8 elements allocates a reduce buffer of that size (1 GB in fp16,
+    2 GB in fp32) whatever the model: on a 4M-parameter model a ZeRO-2 run's memory would be the
+    bucket, not ZeRO. A bucket of the parameter count holds all gradients -- one reduction per
+    step, as with the default on such a model -- and costs at most one more gradient copy.
+    Capped at DeepSpeed's default (large models keep its bucketing); at least
+    `MIN_BUCKET_ELEMENTS` (256 KiB in fp32: tiny models keep a bucket of useful size).
+    """
+    if not isinstance(num_parameters, int) or isinstance(num_parameters, bool) or num_parameters < 0:
+        raise ValueError(f"num_parameters={num_parameters!r} is invalid: allowed an integer >= 0")
+    size = min(max(num_parameters, MIN_BUCKET_ELEMENTS), DEEPSPEED_DEFAULT_BUCKET_ELEMENTS)
+    return {"reduce_bucket_size": size, "allgather_bucket_size": size}
+
+
+def deepspeed_config(config: OptimizationConfig, *, micro_batch_size: int, k: int, num_parameters: int) -> dict:
+    """The DeepSpeed config dict for `config` (k: the starting gradient_accumulation_steps;
+    num_parameters: the model's trainable parameters, which size the ZeRO buckets).
 
     fp16 follows torch.amp.GradScaler's dynamic loss scaling (eqs. 15-16): loss_scale 0 means
     dynamic, 2^initial_scale_power to start, ×2 after loss_scale_window clean steps, and
     hysteresis 1 halves the scale on the first overflow (DeepSpeed's default 2 waits for a second).
+    ZeRO stages 1-2 get `zero_bucket_sizes(num_parameters)` as reduce/allgather bucket sizes.
     """
     if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
         raise ValueError(f"micro_batch_size={micro_batch_size!r} is invalid: allowed an integer >= 1")
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k={k!r} is invalid: allowed an integer >= 1")
+    zero: dict = {"stage": config.zero_stage}
+    buckets = zero_bucket_sizes(num_parameters)  # validates num_parameters for every stage
+    if config.zero_stage > 0:
+        zero.update(buckets)
     ds_config: dict = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": k,
         "gradient_clipping": float(config.clip_norm) if config.clip_norm is not None else 0.0,
-        "zero_optimization": {"stage": config.zero_stage},
+        "zero_optimization": zero,
         # ZeRO-1/2 partition whatever torch optimizer the user built; DeepSpeed only lists
         # Adam/AdamW/Adagrad as tested and refuses the others without this flag.
         "zero_allow_untested_optimizer": True,
@@ -79,7 +108,9 @@ def deepspeed_config(config: OptimizationConfig, *, micro_batch_size: int, k: in
             "initial_scale_power": int(power),
             "loss_scale_window": config.loss_scale_growth_interval,
             "hysteresis": 1,
-            "min_loss_scale": 1,
+            # DeepSpeed takes only an integer floor; at it, one more overflow raises its error,
+            # which the engine reports as a collapsed loss scale (precision.check_loss_scale).
+            "min_loss_scale": DEEPSPEED_MIN_LOSS_SCALE,
         }
     elif config.precision == "bf16":
         ds_config["bf16"] = {"enabled": True}
@@ -122,7 +153,11 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     """The TrainingEngine interface over a DeepSpeed engine (build it with `prepare(backend="deepspeed")`).
 
     `model` is the DeepSpeed engine (call it for the forward), `module` the user's module,
-    `ds_engine` the DeepSpeed engine, `ds_config` the config it was built from.
+    `ds_engine` the DeepSpeed engine, `ds_config` the config it was built from, and
+    `zero_bucket_sizes` the ZeRO reduce/allgather bucket sizes in elements
+    ({"reduce_bucket_size": n, "allgather_bucket_size": n}; None at stage 0, which has none).
+    fp16: a loss scale collapsed at DeepSpeed's floor (`DEEPSPEED_MIN_LOSS_SCALE`) raises
+    RuntimeError as in the torch-native engine.
     """
 
     def __init__(
@@ -160,7 +195,12 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             )
             self.scaler = None  # DeepSpeed's own dynamic loss scaler runs fp16
             self.module = model
-            self.ds_config = deepspeed_config(config, micro_batch_size=micro_batch_size, k=self.k)
+            num_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            self.ds_config = deepspeed_config(config, micro_batch_size=micro_batch_size, k=self.k,
+                                              num_parameters=num_parameters)
+            zero = self.ds_config["zero_optimization"]
+            if "reduce_bucket_size" in zero:
+                self.zero_bucket_sizes = {key: zero[key] for key in ("reduce_bucket_size", "allgather_bucket_size")}
             self.ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
             self.model = self.ds_engine
             # DeepSpeed's forward arms its backward (ZeRO's per-step hook state and the output hooks
@@ -247,14 +287,29 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._apply_lr(self.samples_consumed + step_samples, step_samples)
         own_norm = clip_gradients(self.module.parameters(), None) if self._norm_from_grads else None
         skipped_before = self.ds_engine.skipped_steps
-        self.ds_engine.step()
+        scale_before = self._loss_scale
+        try:
+            self.ds_engine.step()
+        except Exception as error:  # ZeRO's loss scaler raises a bare Exception at its floor
+            if "loss scale already at minimum" not in str(error):
+                raise
+            self._ds_step_due = False
+            self.skipped_steps += 1
+            self.consecutive_skipped_steps += 1
+            self.optimizer_steps += 1
+            raise self._loss_scale_collapse(scale_before) from error
         self._ds_step_due = False
+        # DeepSpeed counts a step as skipped from its own overflow check of the gradients
+        # (inf/nan), the same test as GradScaler's -- not from the scale's movement.
         stepped = self.ds_engine.skipped_steps == skipped_before
         norm = self.ds_engine.get_global_grad_norm() if own_norm is None else own_norm
         self._grad_norm = None if norm is None else float(norm)  # pre-clip, unscaled
         self._loss_scale = self._current_loss_scale()
-        if not stepped:
+        if stepped:
+            self.consecutive_skipped_steps = 0
+        else:
             self.skipped_steps += 1
+            self.consecutive_skipped_steps += 1
         self.item_weight_ratio = self._step_items / (self._micro_index * self._mean_items)
         self._items_seen += self._step_items
         self._micro_batches_seen += self._micro_index
@@ -268,6 +323,13 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                 self.monitor.finish_step(math.nan, [])
             else:
                 self._update_k()  # eq. 6 on identical gathered numbers; the k setter tells DeepSpeed
+        if self.config.precision == "fp16":
+            # DeepSpeed clamps the scale at its floor: a step skipped there is the collapse
+            # (ZeRO-1/2 raise it above; stage 0 would skip at the floor for ever).
+            if not stepped and scale_before <= DEEPSPEED_MIN_LOSS_SCALE:
+                raise self._loss_scale_collapse(self._loss_scale)
+            mp.check_loss_scale(self._loss_scale, consecutive_skips=self.consecutive_skipped_steps,
+                                min_loss_scale=DEEPSPEED_MIN_LOSS_SCALE, backend="DeepSpeed")
         return stepped
 
     # ------------------------------------------------------------------ internals
@@ -284,6 +346,12 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         total = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(total)
         return int(round(total.item()))
+
+    def _loss_scale_collapse(self, loss_scale: float) -> RuntimeError:
+        return mp.loss_scale_collapse_error(
+            consecutive_skips=self.consecutive_skipped_steps, loss_scale=loss_scale,
+            min_loss_scale=DEEPSPEED_MIN_LOSS_SCALE, backend="DeepSpeed",
+            detail=" (its floor, fp16.min_loss_scale: the step was skipped there again)")
 
     def _current_loss_scale(self) -> float:
         if self.config.precision != "fp16":

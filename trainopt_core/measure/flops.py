@@ -1,10 +1,20 @@
-"""FLOPs utilization (SPEC §4): analytic training FLOPs per item × throughput ÷ the device's peak.
+"""Model FLOPs utilization (SPEC §4): analytic training FLOPs per item × throughput ÷ the device's peak.
 
-The peak carries its source: "datasheet: <GPU> <precision>" for a known GPU, or
-"measured: matmul probe NxN <dtype> on <device>" for anything else.
+"Model" FLOPs utilization (MFU, PaLM, Chowdhery et al. 2022, App. B): the numerator counts the
+FLOPs the model needs to train on an item (forward + backward, 3× the forward), never the
+forward pass that activation checkpointing recomputes. Checkpointed runs therefore do more work
+than the numerator says; counting it too would be hardware FLOPs utilization (HFU), which this
+library does not report.
+
+The peak carries its source: "datasheet: <GPU> <precision> dense" for a known GPU, or
+"measured: matmul probe NxN <dtype> on <device>" for anything else. fp32 on a GPU runs on
+TF32 tensor cores when PyTorch allows it for the workload's dominant operation (matmuls:
+`torch.backends.cuda.matmul` -- off by default; cuDNN convolutions: `torch.backends.cudnn` -- on
+by default), and is then divided by the TF32 peak; the source says which and why.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -18,7 +28,8 @@ _PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch
 _DTYPE_PRECISIONS = {dtype: name for name, dtype in _PRECISION_DTYPES.items()}
 
 # Dense (no structured sparsity) peak FLOP/s from NVIDIA's datasheets / architecture whitepapers.
-# fp32 is the CUDA-core rate (PyTorch does not use TF32 for fp32 matmuls unless asked: then "tf32");
+# fp32 is the CUDA-core rate; "tf32" the tensor-core rate fp32 ops get when PyTorch lets them use
+# TF32 (cuDNN convolutions by default, matmuls only when asked: see `tf32_enabled`);
 # fp16/bf16 are tensor-core rates with FP32 accumulation, which is what PyTorch's matmuls use.
 # Patterns are tried in order (H100 variants before the generic name; A10G is not an A10).
 GPU_DATASHEET_FLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
@@ -55,15 +66,79 @@ def precision_name(precision: str | torch.dtype) -> str:
     return precision
 
 
+# ----------------------------------------------------------------------------- TF32
+WORKLOADS = ("matmul", "convolution")
+
+
+def flops_workload(model: torch.nn.Module) -> str:
+    """"convolution" for a model with convolution layers (a CNN: its FLOPs are convolutions),
+    else "matmul" (MLPs, transformers; GPT-2's `Conv1D` is a matmul, not a convolution)."""
+    conv = torch.nn.modules.conv._ConvNd
+    return "convolution" if any(isinstance(m, conv) for m in model.modules()) else "matmul"
+
+
+def _resolved_fp32_precision(*settings) -> str:
+    # torch >= 2.9: "none" at one level inherits the level above (operator -> backend ->
+    # torch.backends.fp32_precision); "none" all the way up is IEEE fp32.
+    for setting in settings:
+        value = getattr(setting, "fp32_precision", "none")
+        if value != "none":
+            return value
+    return "ieee"
+
+
+def tf32_enabled(workload: str = "matmul") -> tuple[bool, str]:
+    """Whether fp32 `workload` ops on a CUDA GPU may run on TF32 tensor cores, and the flag that says so.
+
+    "matmul": cuBLAS matmuls (`torch.backends.cuda.matmul.fp32_precision`, or before torch 2.9
+    `torch.backends.cuda.matmul.allow_tf32` / `torch.set_float32_matmul_precision`; off by
+    default). "convolution": cuDNN convolutions (`torch.backends.cudnn.conv.fp32_precision`, or
+    `torch.backends.cudnn.allow_tf32`; on by default).
+    """
+    if workload not in WORKLOADS:
+        _fail("workload", workload, f"one of {WORKLOADS}")
+    backends = torch.backends
+    if workload == "convolution":
+        conv = getattr(backends.cudnn, "conv", None)
+        if conv is not None and hasattr(conv, "fp32_precision"):
+            on = _resolved_fp32_precision(conv, backends.cudnn, backends) == "tf32"
+            flag = "torch.backends.cudnn.conv.fp32_precision"
+        else:
+            on, flag = bool(backends.cudnn.allow_tf32), "torch.backends.cudnn.allow_tf32"
+        return on, f"cuDNN convolutions {'allow' if on else 'do not allow'} TF32 ({flag})"
+    if hasattr(backends.cuda.matmul, "fp32_precision"):
+        on = _resolved_fp32_precision(backends.cuda.matmul, backends.cudnn, backends) == "tf32"
+        flag = "torch.backends.cuda.matmul.fp32_precision"
+    else:
+        on, flag = bool(backends.cuda.matmul.allow_tf32), "torch.backends.cuda.matmul.allow_tf32"
+    return on, f"matmuls {'allow' if on else 'do not allow'} TF32 ({flag})"
+
+
 # ----------------------------------------------------------------------------- peak FLOP/s
-def datasheet_peak_flops(device_name: str, precision: str | torch.dtype) -> tuple[float, str] | None:
-    """(dense peak FLOP/s, "datasheet: <GPU> <precision>") for a known GPU name, else None."""
+def datasheet_peak_flops(device_name: str, precision: str | torch.dtype, *,
+                         workload: str = "matmul") -> tuple[float, str] | None:
+    """(dense peak FLOP/s, source) for a known GPU name, else None.
+
+    fp16/bf16: the tensor-core peak, source "datasheet: <GPU> <precision> dense". fp32: the TF32
+    tensor-core peak when `tf32_enabled(workload)` (source "datasheet: <GPU> tf32 dense: tf32
+    tensor-core peak for an fp32 run (cuDNN convolutions allow TF32 (...))"), else the CUDA-core
+    fp32 peak (source "... fp32 dense (... do not allow TF32 ...)"); a GPU without TF32 (V100,
+    T4) gets its fp32 peak.
+    """
     precision = precision_name(precision)
-    if precision == "fp32" and torch.backends.cuda.matmul.allow_tf32:
-        precision = "tf32"  # fp32 matmuls then run on tensor cores at the TF32 rate
+    note = ""
+    if precision == "fp32":
+        tf32, why = tf32_enabled(workload)
+        note = f" ({why})"
+        if tf32:
+            precision = "tf32"
+            note = f": tf32 tensor-core peak for an fp32 run ({why})"
     for pattern, name, peaks in GPU_DATASHEET_FLOPS:
-        if re.search(pattern, device_name) and precision in peaks:
-            return peaks[precision], f"datasheet: {name} {precision} dense"
+        if re.search(pattern, device_name):
+            if precision == "tf32" and "tf32" not in peaks and "fp32" in peaks:
+                return peaks["fp32"], f"datasheet: {name} fp32 dense (no TF32 tensor cores on this GPU)"
+            if precision in peaks:
+                return peaks[precision], f"datasheet: {name} {precision} dense{note}"
     return None
 
 
@@ -111,36 +186,78 @@ def matmul_probe_flops(device: torch.device | str, precision: str | torch.dtype,
                          f"(best of {chunks} runs of {repeats} products)")
 
 
-@functools.lru_cache(maxsize=None)
-def _cached_peak(device_key: str, precision: str, prefer_datasheet: bool) -> tuple[float, str]:
+@contextlib.contextmanager
+def _matmul_tf32(enabled: bool):
+    """The matmul probe's products run with TF32 on exactly when the workload's ops would."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+    else:
+        before = matmul.allow_tf32
+        matmul.allow_tf32 = enabled
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = before
+
+
+@functools.cache
+def _cached_peak(device_key: str, precision: str, prefer_datasheet: bool, workload: str,
+                 tf32: bool) -> tuple[float, str]:
     device = torch.device(device_key)
-    if device.type == "cuda" and prefer_datasheet:
-        found = datasheet_peak_flops(torch.cuda.get_device_name(device), precision)
+    if device.type != "cuda":
+        return matmul_probe_flops(device, precision)
+    if prefer_datasheet:
+        found = datasheet_peak_flops(torch.cuda.get_device_name(device), precision, workload=workload)
         if found is not None:
             return found
-    return matmul_probe_flops(device, precision)
+    if precision != "fp32":
+        return matmul_probe_flops(device, precision)
+    with _matmul_tf32(tf32):
+        flops_per_s, source = matmul_probe_flops(device, precision)
+    return flops_per_s, f"{source}, TF32 {'on' if tf32 else 'off'} as for this {workload} workload"
 
 
 def measure_peak_flops(device: torch.device | str, precision: str | torch.dtype = "fp32", *,
-                       prefer_datasheet: bool = True) -> tuple[float, str]:
-    """Peak FLOP/s of `device` in `precision` and its source (denominator of FLOPs utilization).
+                       workload: str = "matmul", prefer_datasheet: bool = True) -> tuple[float, str]:
+    """Peak FLOP/s of `device` in `precision` and its source (denominator of model FLOPs utilization).
 
-    A known GPU gets its datasheet value ("datasheet: ..."); any other device, or
-    `prefer_datasheet=False`, gets the matmul probe ("measured: ..."). Cached per process, so
-    every run in one session divides by the same peak.
+    `workload` is the operation that dominates the model's FLOPs: "matmul" (transformers, MLPs)
+    or "convolution" (CNNs; `flops_workload(model)` tells which). On a CUDA GPU it decides, for
+    fp32, whether the TF32 peak applies (`tf32_enabled`): cuDNN lets convolutions use TF32 by
+    default, so an fp32 ResNet on an Ampere/Hopper GPU runs at the TF32 rate, while matmuls
+    stay fp32 unless asked. A known GPU gets its datasheet value ("datasheet: ..."); any other
+    device, or `prefer_datasheet=False`, gets the matmul probe ("measured: ...", on a GPU in
+    fp32 run with TF32 on or off as the workload's ops). Cached per process and per TF32
+    setting, so every run in one session divides by the same peak.
     """
     device = torch.device(device)
+    precision = precision_name(precision)
+    if workload not in WORKLOADS:
+        _fail("workload", workload, f"one of {WORKLOADS}")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _cached_peak(str(device), precision_name(precision), prefer_datasheet)
+    tf32 = device.type == "cuda" and precision == "fp32" and tf32_enabled(workload)[0]
+    return _cached_peak(str(device), precision, prefer_datasheet, workload, tf32)
 
 
 peak_flops = measure_peak_flops
 
 
-# ----------------------------------------------------------------------------- FLOPs utilization
-def flops_utilization(flops_per_item: float, items_per_s: float | None, peak_flops_per_s: float) -> float | None:
-    """Achieved fraction of peak: analytic training FLOPs per item x throughput / peak FLOP/s."""
+# ----------------------------------------------------------------------------- model FLOPs utilization
+def model_flops_utilization(flops_per_item: float, items_per_s: float | None, peak_flops_per_s: float) -> float | None:
+    """Model FLOPs utilization: analytic training FLOPs per item x items/s / peak FLOP/s.
+
+    `flops_per_item` is the model's training FLOPs per item (forward + backward), without the
+    forward recomputed by activation checkpointing; `items_per_s` must count the same items
+    (a GPT-2 item is a predicted token: see `trainopt_core.reproduction.tasks`). The run
+    records store it under the key `flops_utilization`.
+    """
     if not (flops_per_item > 0 and math.isfinite(flops_per_item)):
         _fail("flops_per_item", flops_per_item, "a finite number > 0")
     if not (peak_flops_per_s > 0 and math.isfinite(peak_flops_per_s)):
@@ -150,3 +267,6 @@ def flops_utilization(flops_per_item: float, items_per_s: float | None, peak_flo
     if items_per_s < 0:
         _fail("items_per_s", items_per_s, "None or a number >= 0")
     return flops_per_item * items_per_s / peak_flops_per_s
+
+
+flops_utilization = model_flops_utilization  # the record key's name

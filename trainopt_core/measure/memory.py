@@ -1,6 +1,8 @@
 """Peak memory of a training step, with a breakdown by what the memory holds (SPEC §4).
 
-CUDA: the caching allocator's `max_memory_allocated` (and `max_memory_reserved`) is the peak.
+CUDA: the caching allocator's `max_memory_allocated` (and `max_memory_reserved`) between a reset
+at the start of a training step and its end is the step's peak; `PeakMemory` keeps the largest
+step's peak, and the evaluations' peak apart.
 Any device (the only source on CPU): a live-tensor tracker. A `TorchDispatchMode` sees every
 tensor an operator returns (forward, backward and optimizer ops alike); each new storage is
 counted from the op that creates it until Python's weak reference to it reports it freed
@@ -21,6 +23,7 @@ as an op's output, and `UntypedStorage.resize_` called directly, are not seen.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from functools import partial
@@ -262,47 +265,122 @@ class MemoryTracker:
 
 
 class PeakMemory:
-    """Peak memory over a whole run: what the runner reports as "peak memory".
+    """Peak memory of a run's training steps, and separately of its evaluations.
 
-    CUDA: `max_memory_allocated` since construction (folded across the resets that tracked
-    steps do). CPU: the largest peak of the steps measured with `track_step` (a live-tensor
-    tracker wraps only those steps; it is too slow for every step). The breakdown is the
-    tracker's breakdown at the peak of the tracked step with the highest peak.
+        memory = PeakMemory(device)
+        with memory.training_step():     # every optimizer step (its micro-batches and update)
+            ...
+        with memory.evaluation():        # every evaluation pass
+            ...
+        memory.peak_bytes(), memory.evaluation_peak_bytes(), memory.breakdown()
+
+    `peak_bytes()` is what the runner reports as "peak memory": the largest peak of a single
+    training step. Evaluation is measured apart because it is not what the paper's techniques
+    change and can dwarf the step (GPT-2 evaluated at sequence 1024 holds several GB of logits).
+
+    CUDA (`source` "cuda_max_memory_allocated"): each phase resets the allocator's peak
+    statistics on entry (`torch.cuda.reset_peak_memory_stats`) and reads `max_memory_allocated`
+    after a synchronize on exit; `peak_bytes()` is the maximum over training steps (and over the
+    steps measured with `track_step`), `evaluation_peak_bytes()` the maximum over evaluations. A
+    phase's peak includes what was already allocated when it began (model, optimizer state,
+    cached batches), so it is directly a device-memory requirement. Memory reserved by the
+    caching allocator is not released between phases: `peak_reserved_bytes()` of a training
+    step can include blocks an earlier evaluation left cached.
+
+    CPU (`source` "cpu_live_tensor_tracker"): `peak_bytes()` is the largest peak of the steps
+    measured with `track_step` (a live-tensor tracker wraps only those steps; it is too slow for
+    every step); `training_step()` and `evaluation()` measure nothing there and
+    `evaluation_peak_bytes()` is None.
+
+    The breakdown is the tracker's breakdown at the peak of the tracked step with the highest
+    peak. A `track_step` tracker may be entered inside `training_step()` or around it. Phases do
+    not nest in each other.
     """
 
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self.source = SOURCE_CUDA if self.device.type == "cuda" else SOURCE_TRACKER
+        self.evaluation_source = SOURCE_CUDA if self.device.type == "cuda" else None
         self.tracks_live_tensors = True
+        self.training_steps_measured = 0
+        self.evaluations_measured = 0
         self._tracked: list[MemoryTracker] = []
-        self._cuda_peak_bytes = 0
-        self._cuda_reserved_bytes = 0
+        self._training_peak_bytes: int | None = None
+        self._training_reserved_bytes: int | None = None
+        self._evaluation_peak_bytes: int | None = None
+        self._phase: str | None = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
 
+    # ------------------------------------------------------------------ phases
+    @contextlib.contextmanager
+    def _measure_phase(self, phase: str):
+        if self._phase is not None:
+            raise RuntimeError(f"PeakMemory.{phase}() entered inside PeakMemory.{self._phase}(): phases do not nest")
+        self._phase = phase
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            yield self
+        finally:
+            self._phase = None
+        if not cuda:
+            return
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        if phase == "training_step":
+            self.training_steps_measured += 1
+            self._training_peak_bytes = max(self._training_peak_bytes or 0, peak)
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            self._training_reserved_bytes = max(self._training_reserved_bytes or 0, reserved)
+        else:
+            self.evaluations_measured += 1
+            self._evaluation_peak_bytes = max(self._evaluation_peak_bytes or 0, peak)
+
+    def training_step(self):
+        """Context around one optimizer step (all its micro-batches): its peak counts in `peak_bytes()`."""
+        return self._measure_phase("training_step")
+
+    def evaluation(self):
+        """Context around one evaluation: its peak counts in `evaluation_peak_bytes()` only."""
+        return self._measure_phase("evaluation")
+
+    # ------------------------------------------------------------------ live-tensor tracker
     def track_step(self, model=None, optimizer=None) -> MemoryTracker:
         """A `MemoryTracker` for one step; hand it to `add_tracked` after its exit."""
         return MemoryTracker(model, optimizer, self.device)
 
     def add_tracked(self, tracker: MemoryTracker) -> None:
+        """Adds a finished tracked step: its breakdown, and its peak to the training peak."""
         if tracker.peak_bytes is None:
             raise ValueError("tracker has not finished: add_tracked(tracker) needs a tracker after its `with` block")
         self._tracked.append(tracker)
         if self.device.type == "cuda":
-            self._cuda_peak_bytes = max(self._cuda_peak_bytes, tracker.cuda_peak_before_bytes or 0, tracker.peak_bytes)
-            self._cuda_reserved_bytes = max(self._cuda_reserved_bytes, tracker.peak_reserved_bytes or 0)
+            # The tracker's own reading covers the step only (it reset the allocator's peak on
+            # entry); what came before it (`cuda_peak_before_bytes`: possibly an evaluation) is
+            # deliberately left out.
+            self._training_peak_bytes = max(self._training_peak_bytes or 0, tracker.peak_bytes)
+            self._training_reserved_bytes = max(self._training_reserved_bytes or 0, tracker.peak_reserved_bytes or 0)
 
+    # ------------------------------------------------------------------ results
     def peak_bytes(self) -> int | None:
+        """Largest peak of one training step (bytes), evaluation excluded; None if no step was measured."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            return max(self._cuda_peak_bytes, torch.cuda.max_memory_allocated(self.device))
+            return self._training_peak_bytes
         return max((t.peak_bytes for t in self._tracked), default=None)
 
+    def evaluation_peak_bytes(self) -> int | None:
+        """Largest peak of one evaluation (CUDA, bytes); None on CPU or if no evaluation was measured."""
+        return self._evaluation_peak_bytes
+
     def peak_reserved_bytes(self) -> int | None:
+        """Largest `max_memory_reserved` of a training step (CUDA only, else None)."""
         if self.device.type != "cuda":
             return None
-        return max(self._cuda_reserved_bytes, torch.cuda.max_memory_reserved(self.device))
+        return self._training_reserved_bytes
 
     def breakdown(self) -> dict[str, int] | None:
         if not self._tracked:

@@ -1,5 +1,9 @@
 """The two tasks of paper §IV-A as (model, data, loss, evaluation) bundles for the runner.
 
+Items, the unit of throughput and of FLOPs per item: images for CIFAR-10, predicted tokens
+(T - 1 per sequence of T) for GPT-2. Each task's `training_flops_per_item` counts the same
+items, so model FLOPs utilization = FLOPs per item × items/s ÷ peak FLOP/s.
+
 Baseline and optimized runs of a task use the same model code (same attention
 implementation); only the trainopt components differ.
 """
@@ -18,6 +22,16 @@ from .profiles import TaskProfile
 
 @dataclass
 class Task:
+    """A task for the runner. An *item* is what throughput counts: an image, or a predicted token.
+
+    `training_flops_per_item` is the model's training FLOPs (forward + backward) per item, the
+    numerator of model FLOPs utilization (MFU): it never includes the forward pass that
+    activation checkpointing recomputes. `loss` returns the number of items its mean is over,
+    which is both the weight of eq. 4 and what throughput counts, so FLOPs per item × items/s
+    is the model's FLOP/s. `flops_workload` ("convolution" | "matmul") is the operation that
+    dominates those FLOPs: `measure.peak_flops(..., workload=...)` picks the TF32 peak by it.
+    """
+
     model: torch.nn.Module
     model_name: str
     data_source: str
@@ -26,6 +40,7 @@ class Task:
     train_batches: Callable[..., Iterator]
     loss: Callable                    # (model, x, y) -> (mean loss, number of items it averages)
     evaluate: Callable                # (model, engine) -> quality
+    flops_workload: str = "matmul"    # "convolution" for the ResNet, "matmul" for GPT-2
 
 
 def build_task(profile: TaskProfile, *, data_policy: str, data_dir, device: torch.device, seed: int) -> Task:
@@ -81,6 +96,7 @@ def _cifar10(profile, data_policy, data_dir, device, seed) -> Task:
         train_batches=train_batches,
         loss=loss,
         evaluate=evaluate,
+        flops_workload="convolution",
     )
 
 
@@ -91,6 +107,26 @@ def compact_vocabulary(*splits: torch.Tensor) -> tuple[torch.Tensor, ...]:
     vocabulary = torch.unique(torch.cat(splits))
     renumbered = [torch.searchsorted(vocabulary, s) for s in splits[:2]]
     return renumbered[0], renumbered[1], len(vocabulary)
+
+
+def predicted_tokens(input_ids: torch.Tensor) -> int:
+    """Tokens a batch of sequences (batch, T) predicts: T - 1 each (the first has no context)."""
+    return input_ids.shape[0] * (input_ids.shape[1] - 1)
+
+
+def gpt2_training_flops_per_predicted_token(model, seq_len: int) -> float:
+    """Training FLOPs of GPT-2 per *predicted* token: one sequence's FLOPs / (seq_len - 1).
+
+    The item of the GPT-2 task is a predicted token: the loss is a mean over the T - 1 tokens
+    of a T-token sequence that have a next token, so eq. 4 weights micro-batches by that count
+    and throughput counts it too. The model still runs forward and backward over all T
+    positions, so a sequence costs T × `training_flops_per_token(model, T)` (per processed
+    token, 6·N + 12·n_layer·n_embd·T); dividing that by T - 1 makes FLOPs per item × items/s
+    the model's FLOP/s (per processed token, MFU would come out (T - 1)/T too low).
+    """
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len={seq_len!r} is invalid: allowed an integer >= 2 (a sequence predicts seq_len - 1 tokens)")
+    return models.training_flops_per_token(model, seq_len) * seq_len / (seq_len - 1)
 
 
 def _wikitext2(profile, data_policy, data_dir, device, seed) -> Task:
@@ -115,7 +151,7 @@ def _wikitext2(profile, data_policy, data_dir, device, seed) -> Task:
 
     def loss(model, x, _):
         # next-token loss, mean over the seq_len - 1 predicted tokens of each sequence
-        return model(input_ids=x, labels=x).loss, x.shape[0] * (x.shape[1] - 1)
+        return model(input_ids=x, labels=x).loss, predicted_tokens(x)
 
     @torch.no_grad()
     def evaluate(model, engine):
@@ -126,7 +162,7 @@ def _wikitext2(profile, data_policy, data_dir, device, seed) -> Task:
             batch = valid[start:start + 16]
             with engine.autocast():
                 out = model(input_ids=batch, labels=batch)
-            n = batch.shape[0] * (batch.shape[1] - 1)
+            n = predicted_tokens(batch)
             total += out.loss.float().item() * n
             count += n
         model.train(was_training)
@@ -139,8 +175,9 @@ def _wikitext2(profile, data_policy, data_dir, device, seed) -> Task:
                     f"vocabulary {vocab_size}{' compacted GPT-2 BPE ids' if profile.compact_vocab else ''})"),
         data_source=corpus.source,
         num_train_samples=n_train,
-        training_flops_per_item=models.training_flops_per_token(model, seq_len),
+        training_flops_per_item=gpt2_training_flops_per_predicted_token(model, seq_len),
         train_batches=train_batches,
         loss=loss,
         evaluate=evaluate,
+        flops_workload="matmul",
     )

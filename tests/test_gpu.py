@@ -1,0 +1,202 @@
+"""The measurements that only a CUDA GPU exercises for real: the training-step memory peak
+without evaluation, fp16 skipped steps, TF32 peaks, NVML energy and synchronized timing.
+
+Marked `gpu` and skipped without CUDA: `pytest -m gpu tests/test_gpu.py` on a GPU machine.
+"""
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainopt_core import OptimizationConfig, measure, prepare
+from trainopt_core import precision as mp
+from trainopt_core.measure import flops
+from trainopt_core.measure.memory import PeakMemory
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+MiB = 2**20
+
+
+@pytest.fixture
+def cuda():
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return device
+
+
+# ----------------------------------------------------------------------------- memory
+def test_training_step_peak_excludes_a_big_evaluation_which_is_reported_as_the_evaluation_peak(cuda):
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(cuda)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 1024, device=cuda), torch.randint(0, 10, (64,), device=cuda)
+    memory = PeakMemory(cuda)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    with memory.evaluation(), torch.no_grad():
+        logits = torch.empty(512 * MiB, dtype=torch.uint8, device=cuda)  # GPT-2 evaluation's logits
+        logits.fill_(1)
+        del logits
+    for _ in range(2):
+        with memory.training_step():
+            step()
+    tracker = memory.track_step(model, optimizer)
+    with memory.training_step(), tracker:
+        step()
+    memory.add_tracked(tracker)
+    with memory.evaluation(), torch.no_grad():
+        model(torch.randn(4096, 1024, device=cuda))
+
+    state_bytes = 4 * 3 * sum(p.numel() for p in model.parameters())  # weights + two Adam moments
+    assert state_bytes < memory.peak_bytes() < 64 * MiB
+    assert memory.evaluation_peak_bytes() >= 512 * MiB
+    assert memory.training_steps_measured == 3 and memory.evaluations_measured == 2
+    assert memory.breakdown()["optimizer_state"] > 0
+
+
+# ----------------------------------------------------------------------------- fp16 skipped steps
+def _fp16_run(cuda, poisoned_steps: int, clean_steps: int):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 16).to(cuda)
+    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), OptimizationConfig(precision="fp16"),
+                     total_samples=100_000, micro_batch_size=32)
+    stepped = []
+    for step in range(poisoned_steps + clean_steps):
+        x, y = torch.randn(32, 256, device=cuda), torch.randn(32, 16, device=cuda)
+        with engine.autocast():
+            loss = F.mse_loss(model(x).float(), y)
+        engine.backward(loss)
+        if step < poisoned_steps:
+            model.weight.grad[0, 0] = float("inf")
+        stepped.append(engine.step())
+    return engine, stepped
+
+
+def test_fp16_skipped_steps_are_counted_from_the_gradients_on_cuda(cuda):
+    engine, stepped = _fp16_run(cuda, poisoned_steps=40, clean_steps=5)
+    assert stepped == [False] * 40 + [True] * 5
+    assert engine.skipped_steps == 40 and engine.loss_scale == mp.MIN_LOSS_SCALE
+
+
+def test_fp16_collapsed_loss_scale_stops_a_cuda_run(cuda):
+    with pytest.raises(RuntimeError, match="loss scale collapsed: 41 consecutive skipped steps") as raised:
+        _fp16_run(cuda, poisoned_steps=200, clean_steps=0)
+    assert "torch.amp.GradScaler" in str(raised.value)
+
+
+# ----------------------------------------------------------------------------- TF32
+@pytest.fixture
+def tf32_flags():
+    matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
+    new_api = hasattr(matmul, "fp32_precision") and conv is not None
+    saved = (matmul.fp32_precision, conv.fp32_precision) if new_api else (
+        matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+
+    def set_flags(*, matmul_tf32: bool, conv_tf32: bool):
+        if new_api:
+            matmul.fp32_precision = "tf32" if matmul_tf32 else "ieee"
+            conv.fp32_precision = "tf32" if conv_tf32 else "ieee"
+        else:
+            matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul_tf32, conv_tf32
+
+    yield set_flags
+    if new_api:
+        matmul.fp32_precision, conv.fp32_precision = saved
+    else:
+        matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    flops._cached_peak.cache_clear()
+
+
+def _has_tf32(device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def test_fp32_convolution_peak_is_tf32_while_cudnn_allows_it_and_fp32_when_both_flags_are_off(cuda, tf32_flags):
+    from trainopt_core.reproduction import models
+
+    resnet = models.resnet_cifar(layers=(1, 1, 1, 1), width=8)
+    workload = flops.flops_workload(resnet)
+    assert workload == "convolution"
+    tf32_flags(matmul_tf32=False, conv_tf32=True)  # PyTorch's defaults
+    tf32_peak, tf32_source = flops.peak_flops(cuda, "fp32", workload=workload)
+    tf32_flags(matmul_tf32=False, conv_tf32=False)
+    fp32_peak, fp32_source = flops.peak_flops(cuda, "fp32", workload=workload)
+    name = torch.cuda.get_device_name(cuda)
+    if tf32_source.startswith("datasheet:"):
+        assert fp32_source.startswith("datasheet:") and "tf32" not in fp32_source.split("(")[0]
+        if _has_tf32(cuda) and "no TF32" not in tf32_source:
+            assert "tf32 tensor-core peak" in tf32_source and "cuDNN convolutions allow TF32" in tf32_source
+            assert tf32_peak >= fp32_peak
+    else:  # an unknown GPU: the matmul probe, run with TF32 as the convolutions would
+        assert "TF32 on as for this convolution workload" in tf32_source, name
+        assert "TF32 off as for this convolution workload" in fp32_source, name
+
+
+def test_cudnn_convolutions_really_run_faster_with_tf32_allowed(cuda, tf32_flags):
+    if not _has_tf32(cuda):
+        pytest.skip("TF32 needs an Ampere or newer GPU")
+    conv = torch.nn.Conv2d(256, 256, 3, padding=1).to(cuda)
+    x = torch.randn(64, 256, 56, 56, device=cuda)
+
+    def seconds_per_conv() -> float:
+        with torch.no_grad():
+            for _ in range(3):
+                conv(x)
+            torch.cuda.synchronize(cuda)
+            start = time.perf_counter()
+            for _ in range(10):
+                conv(x)
+            torch.cuda.synchronize(cuda)
+        return (time.perf_counter() - start) / 10
+
+    tf32_flags(matmul_tf32=False, conv_tf32=True)
+    with_tf32 = seconds_per_conv()
+    tf32_flags(matmul_tf32=False, conv_tf32=False)
+    without = seconds_per_conv()
+    # the premise of dividing an fp32 CNN by the TF32 peak: cuDNN uses TF32 when allowed
+    assert without > 1.5 * with_tf32, (without, with_tf32)
+
+
+# ----------------------------------------------------------------------------- energy
+def test_nvml_energy_of_a_short_gpu_workload_is_positive(cuda):
+    pytest.importorskip("pynvml")
+    a = torch.randn(4096, 4096, device=cuda)
+    with measure.EnergyMeter(cuda) as meter:
+        deadline = time.perf_counter() + 1.0
+        while time.perf_counter() < deadline:
+            for _ in range(20):
+                a @ a
+            torch.cuda.synchronize(cuda)
+    if meter.energy_j is None and "NVML total energy counter" in meter.energy_source:
+        pytest.skip(f"this GPU has no NVML energy counter: {meter.energy_source}")
+    assert meter.energy_source.startswith("nvml: total energy counter of ")
+    assert meter.energy_j > 0
+
+
+# ----------------------------------------------------------------------------- timing
+def test_timer_includes_queued_cuda_work(cuda, tf32_flags):
+    tf32_flags(matmul_tf32=False, conv_tf32=True)  # slow fp32 matmuls: a long queue
+    a = torch.randn(8192, 8192, device=cuda)
+    a @ a
+    torch.cuda.synchronize(cuda)
+    start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with measure.Timer(cuda) as timer:
+        launch_start = time.perf_counter()
+        start_event.record()
+        for _ in range(20):
+            a @ a
+        end_event.record()
+        launch_s = time.perf_counter() - launch_start  # what an unsynchronized clock would read
+    torch.cuda.synchronize(cuda)
+    gpu_s = start_event.elapsed_time(end_event) / 1e3
+    assert timer.elapsed_s >= gpu_s * 0.999
+    assert launch_s < 0.5 * gpu_s  # the work was queued: without the synchronize it would be missed
