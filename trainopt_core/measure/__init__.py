@@ -1,27 +1,33 @@
 """The measurement layer every table uses (SPEC §4), one module per quantity.
 
-- `timing`: `Timer`, `elapsed_s`, `ThroughputMeter` (items/s after warm-up), `time_to_target`.
+- `timing`: `Timer`, `elapsed_s`, `ThroughputMeter` (items/s after warm-up), `time_to_target`,
+  `interleaved_windows` (workloads timed in turn, A, B, A, B ..., in one process).
+- `stats`: mean ± 95 % CI (`summarize`), ratios of paired measurements (`paired_ratio`).
 - `memory`: `PeakMemory` (CUDA allocator peak, or on CPU the live-tensor `MemoryTracker` with a
   breakdown into parameters, gradients, optimizer state, activations and temporaries).
-- `flops`: peak FLOP/s (datasheet or matmul probe, with its source) and `flops_utilization`.
+- `flops`: peak FLOP/s (datasheet or matmul probe, TF32 detected per workload, with its source)
+  and `model_flops_utilization` (recompute excluded).
 - `energy`: `EnergyMeter` (NVML / RAPL counters, or None with the reason).
 - `costs`: eq. 3's cost and `cheapest_config` under a memory budget.
-- `manifest`: `run_manifest`, the hardware and software a measurement was made on.
+- `manifest`: `run_manifest`, the hardware and software a measurement was made on, and
+  `hardware_fingerprint` (what must match for two timings to be compared).
 """
 from .costs import cheapest_config, cost
 from .energy import EnergyMeter
 from .flops import (
-    GPU_DATASHEET_FLOPS, datasheet_peak_flops, flops_utilization, matmul_probe_flops, measure_peak_flops,
-    peak_flops, precision_name,
+    GPU_DATASHEET_FLOPS, datasheet_peak_flops, flops_utilization, flops_workload, matmul_probe_flops,
+    measure_peak_flops, model_flops_utilization, peak_flops, precision_name, tf32_enabled,
 )
-from .manifest import run_manifest
+from .manifest import hardware_fingerprint, run_manifest
 from .memory import CATEGORIES as MEMORY_CATEGORIES
 from .memory import MemoryTracker, PeakMemory
-from .timing import ThroughputMeter, Timer, elapsed_s, synchronize, time_to_target
+from .stats import paired_ratio, product_ratio, summarize, t_quantile_975
+from .timing import ThroughputMeter, Timer, elapsed_s, interleaved_windows, synchronize, time_to_target
 
 __all__ = [
     "GPU_DATASHEET_FLOPS", "MEMORY_CATEGORIES", "EnergyMeter", "MemoryTracker", "PeakMemory",
     "ThroughputMeter", "Timer", "cheapest_config", "cost", "datasheet_peak_flops", "elapsed_s",
-    "flops_utilization", "matmul_probe_flops", "measure_peak_flops", "peak_flops", "precision_name",
-    "run_manifest", "synchronize", "time_to_target",
+    "flops_utilization", "flops_workload", "hardware_fingerprint", "interleaved_windows", "matmul_probe_flops", "measure_peak_flops", "model_flops_utilization", "paired_ratio",
+    "peak_flops", "precision_name", "product_ratio", "run_manifest", "summarize", "synchronize",
+    "t_quantile_975", "tf32_enabled", "time_to_target",
 ]

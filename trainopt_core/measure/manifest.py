@@ -112,3 +112,14 @@ def run_manifest(profile: str | None = None, device: torch.device | str | None =
         "git": _git_state(),
         **fields,
     }
+
+
+def hardware_fingerprint(device: torch.device | str) -> dict:
+    """What makes timings on `device` comparable: the CPU model and its logical core count, or
+    the GPU's name and how many this machine has. Two machines with the same fingerprint are
+    taken to be the same kind of machine."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return {"gpu_name": torch.cuda.get_device_name(index), "gpu_count": torch.cuda.device_count()}
+    return {"cpu_model": _cpu_model(), "cpu_logical_cores": os.cpu_count()}

@@ -135,3 +135,42 @@ def time_to_target(history_times_s: Sequence[float], history_quality: Sequence[f
         fraction = (target - previous) / (quality - previous)
         return float(times[i - 1] + fraction * (times[i] - times[i - 1]))
     return None
+
+
+# ----------------------------------------------------------------------------- interleaved windows
+def interleaved_windows(workloads: dict[str, Callable[[], float]], *, windows: int, steps_per_window: int,
+                        warmup_steps: int = 1, device: torch.device | str | None = None,
+                        clock: Callable[[], float] = time.perf_counter, progress=None) -> dict[str, list[float]]:
+    """Items per second of each workload in `windows` timing windows, taken in turn in one
+    process: A, B, C, then B, C, A, ... (the order rotates each round, so no workload always
+    runs right after the same other one). A change in the machine's state (another process, a
+    frequency change) then hits every workload instead of one.
+
+    Each workload is a callable running one step and returning the items it processed. Each runs
+    `warmup_steps` untimed steps first; a window is `steps_per_window` steps timed together
+    (synchronized with the device). Returns {name: [items/s per window]}, window i of every
+    workload taken in the same round. `progress` (optional) is called with no argument after
+    each window.
+    """
+    for argument, value, low in (("windows", windows, 1), ("steps_per_window", steps_per_window, 1),
+                                 ("warmup_steps", warmup_steps, 0)):
+        if not isinstance(value, int) or value < low:
+            _fail(argument, value, f"an integer >= {low}")
+    if not workloads:
+        _fail("workloads", workloads, "a non-empty {name: step callable} dict")
+    names = list(workloads)
+    for name in names:
+        for _ in range(warmup_steps):
+            workloads[name]()
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(windows):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            items = 0.0
+            with Timer(device, clock) as timer:
+                for _ in range(steps_per_window):
+                    items += workloads[name]()
+            rates[name].append(items / timer.elapsed_s if timer.elapsed_s > 0 else math.nan)
+            if progress is not None:
+                progress()
+    return rates
