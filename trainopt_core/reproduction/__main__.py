@@ -57,7 +57,8 @@ def main(argv=None) -> int:
         cleanup()
     if info.is_main_process:
         summary = {k: record["metrics"][k] for k in ("throughput", "throughput_unit", "peak_memory_bytes",
-                                                     "time_to_target_s", "final_quality", "quality_name")}
+                                                     "samples_to_target", "time_to_target_wall_s", "final_quality",
+                                                     "quality_name")}
         print(json.dumps(dict(task=record["task"], config=record["config_name"], seed=record["seed"],
                               data_source=record["data_source"], **summary), indent=1))
     return 0

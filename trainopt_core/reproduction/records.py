@@ -3,9 +3,15 @@
 The file name carries the configuration hash and the seed. A record is written atomically and
 marked complete, so a reader sees either nothing, an older record, or the finished one -- never
 a partial run that looks complete.
+
+A record is reused only under the conditions it was made in (`run_conditions`): the same kind of
+machine (`measure.hardware_fingerprint`), device type, backend, world size, data source and data
+policy, torch version and profile settings. Anything else is measured again, so a reproduction
+on another machine measures that machine.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -13,8 +19,9 @@ from pathlib import Path
 import torch
 
 from ..config import OptimizationConfig
+from ..measure import hardware_fingerprint
 
-RECORD_SCHEMA = 1
+RECORD_SCHEMA = 2  # 2: conditions, samples/steps to target, wall-clock time to target kept beside
 
 
 def record_path(out_dir: Path, task: str, cfg: OptimizationConfig, profile: str, seed: int) -> Path:
@@ -30,6 +37,32 @@ def load_record(path: Path) -> dict | None:
     if record.get("status") != "complete" or record.get("schema") != RECORD_SCHEMA:
         return None
     return record
+
+
+def run_conditions(*, device: torch.device | str, backend: str, world_size: int, data_source: str,
+                   data_policy: str, profile_settings: dict) -> dict:
+    """The conditions a measurement holds for; a record is reused only when they are equal."""
+    device = torch.device(device)
+    return as_json(dict(hardware=hardware_fingerprint(device), device_type=device.type, backend=backend,
+                        world_size=world_size, data_source=data_source, data_policy=data_policy,
+                        torch=torch.__version__, profile_settings=profile_settings))
+
+
+def condition_differences(record: dict, conditions: dict) -> list[str]:
+    """The conditions under which `record` was made that differ from `conditions` (empty: reusable)."""
+    made = record.get("conditions") or {}
+    return [key for key in sorted(set(made) | set(conditions)) if made.get(key) != conditions.get(key)]
+
+
+def computation_hash(cfg: OptimizationConfig, *, world_size: int, backend: str) -> str:
+    """What the run computes, independent of the configuration's name: ZeRO partitions nothing
+    on one process with the torch engine, so there a configuration and its ZeRO-0 twin train
+    bit-identically (same losses, same memory) and one run serves both."""
+    fields = cfg.to_dict()
+    fields.pop("name")
+    if world_size == 1 and backend == "torch":
+        fields["zero_stage"] = 0
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def write_record(path: Path, record: dict) -> None:

@@ -1,7 +1,11 @@
 """One training run -> one JSON run record (SPEC §6).
 
-A complete record (see `records`) is reused instead of re-running, and a record is written only
-when the run finished, so an interrupted run never leaves something that looks complete.
+A complete record made under the same conditions (`records.run_conditions`: machine, device,
+backend, world size, data, torch, profile settings) is reused instead of re-running, and a
+record is written only when the run finished, so an interrupted run never leaves something that
+looks complete. A run records what is deterministic for its seed -- quality, samples and steps
+to target, peak memory -- and its own clock beside it; the seconds per sample the tables use
+come from interleaved timing windows (`reproduction.throughput`).
 """
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ from .. import measure
 from ..compose import prepare
 from ..config import OptimizationConfig
 from .profiles import TaskProfile, get_profile
-from .records import RECORD_SCHEMA, as_json, load_record, record_path, write_record
+from .records import (
+    RECORD_SCHEMA, computation_hash, condition_differences, load_record, record_path, run_conditions, write_record,
+)
 from .tasks import Task, build_task
 
 # ------------------------------------------------------------------ configuration for a run
@@ -69,14 +75,25 @@ def run(
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cfg, notes = resolve_config(config, prof, device)
     path = record_path(Path(out_dir), task, cfg, profile, seed)
-    existing = None if options.rerun else load_record(path)
-    if existing is not None and existing.get("profile_settings") == as_json(prof.to_dict()):
-        return existing  # a record made under other profile settings (an older version) is re-run
-
-    torch.manual_seed(seed)
     world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    torch.manual_seed(seed)
     bundle = build_task(prof, data_policy=options.data_policy, data_dir=options.data_dir, device=device, seed=seed)
+    conditions = run_conditions(device=device, backend=options.backend, world_size=world_size,
+                                data_source=bundle.data_source, data_policy=options.data_policy,
+                                profile_settings=prof.to_dict())
+    computation = computation_hash(cfg, world_size=world_size, backend=options.backend)
+    if not options.rerun:
+        existing = load_record(path)
+        if existing is not None and not condition_differences(existing, conditions):
+            return existing  # made here, under these conditions: reused
+        twin = _same_computation(Path(out_dir), task, profile, seed, computation, conditions)
+        if twin is not None and options.max_steps is None:
+            record = _as_twin_of(twin, cfg)
+            if rank == 0:
+                write_record(path, record)
+            return record
+
     model = bundle.model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
     micro = micro_batch_size(cfg, prof)
@@ -104,14 +121,15 @@ def run(
         if options.max_steps is not None and engine.optimizer_steps >= options.max_steps:
             break
         if engine.samples_consumed >= next_eval_samples:  # evaluation time is not training time
-            history.append(_evaluate(bundle, engine, model, train_time_s, steps))
+            with memory.evaluation():
+                history.append(_evaluate(bundle, engine, model, train_time_s, steps))
             next_eval_samples += prof.eval_every_samples
         tracking = engine.optimizer_steps == tracked_step and memory.tracks_live_tensors
         tracker = memory.track_step(model, optimizer) if tracking else contextlib.nullcontext()
-        start = time.perf_counter()
-        with tracker:
+        with memory.training_step(), tracker:  # the training step's peak; evaluation is measured apart
+            start = time.perf_counter()
             step_items, step_loss = _one_optimizer_step(engine, bundle, model, batches)
-        step_s = measure.elapsed_s(start, device)
+            step_s = measure.elapsed_s(start, device)
         train_time_s += step_s
         if tracking:
             memory.add_tracked(tracker)  # slowed by the tracker: not a throughput sample
@@ -119,7 +137,8 @@ def run(
             throughput.add_step(step_items, step_s)
         steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss, **engine.stats()))
         bar.update(steps[-1]["effective_batch_size"])
-    history.append(_evaluate(bundle, engine, model, train_time_s, steps))
+    with memory.evaluation():
+        history.append(_evaluate(bundle, engine, model, train_time_s, steps))
     bar.close()
     energy_j, energy_source = energy.stop()
     wall_s = time.perf_counter() - wall_start
@@ -127,25 +146,33 @@ def run(
 
     times = [h["time_s"] for h in history]
     qualities = [h["quality"] for h in history]
+    reach = dict(target=prof.target, higher_is_better=prof.higher_is_better)
     items_per_s = throughput.items_per_s()
-    peak_flops, peak_source = measure.peak_flops(device, cfg.precision)
+    peak_flops, peak_source = measure.peak_flops(device, cfg.precision, workload=bundle.flops_workload)
     flops_item = bundle.training_flops_per_item
     metrics = dict(
-        throughput=items_per_s,
+        # Deterministic for a seed: where the quality curve crosses the target.
+        samples_to_target=measure.time_to_target([h["samples"] for h in history], qualities, **reach),
+        steps_to_target=measure.time_to_target([h["step"] for h in history], qualities, **reach),
+        # Noisy: this run's own clock. The tables' time to target is samples to target × the
+        # seconds per sample of the interleaved timing windows (reproduction.throughput).
+        time_to_target_wall_s=measure.time_to_target(times, qualities, **reach),
+        throughput=items_per_s,  # during this run (not interleaved with the configurations compared)
         throughput_unit=prof.item_unit,
-        peak_memory_bytes=memory.peak_bytes(),
+        peak_memory_bytes=memory.peak_bytes(),  # the training step's peak, evaluation excluded
+        evaluation_peak_memory_bytes=memory.evaluation_peak_bytes(),  # CUDA; None on CPU
         memory_source=memory.source,
         memory_breakdown_bytes=memory.breakdown(),
-        time_to_target_s=measure.time_to_target(times, qualities, prof.target, higher_is_better=prof.higher_is_better),
         target=prof.target,
         final_quality=qualities[-1],
         quality_name=prof.quality_name,
         flops_per_item=flops_item,
         peak_flops_per_s=peak_flops,
         peak_flops_source=peak_source,
-        flops_utilization=None if not items_per_s else flops_item * items_per_s / peak_flops,
+        flops_utilization=measure.model_flops_utilization(flops_item, items_per_s, peak_flops),  # recompute excluded
         energy_j=energy_j,
         energy_source=energy_source,
+        zero_bucket_sizes=engine.zero_bucket_sizes,  # DeepSpeed ZeRO-1/2 buckets, sized to the model
         skipped_steps=engine.skipped_steps,
         optimizer_steps=engine.optimizer_steps,
         train_time_s=train_time_s,
@@ -158,9 +185,11 @@ def run(
         config_name=cfg.name,
         config=cfg.to_dict(),
         config_hash=cfg.config_hash(),
+        computation_hash=computation,
         profile=profile,
         profile_settings=prof.to_dict(),
         seed=seed,
+        conditions=conditions,
         world_size=world_size,
         micro_batch_size=micro,
         data_source=bundle.data_source,
@@ -174,6 +203,26 @@ def run(
     )
     if rank == 0 and options.max_steps is None:
         write_record(path, record)
+    return record
+
+
+def _same_computation(out_dir: Path, task: str, profile: str, seed: int, computation: str, conditions: dict) -> dict | None:
+    """A finished record of this seed that computed exactly what this run would (see
+    `records.computation_hash`), made under the same conditions, or None."""
+    for candidate in sorted(out_dir.glob(f"{task}__*__{profile}__*__seed{seed}.json")):
+        record = load_record(candidate)
+        if (record is not None and record.get("computation_hash") == computation and record.get("seed") == seed
+                and not record.get("computed_as") and not condition_differences(record, conditions)):
+            return record
+    return None
+
+
+def _as_twin_of(twin: dict, cfg: OptimizationConfig) -> dict:
+    """`twin`'s measurements under `cfg`'s name, saying which run they come from and why."""
+    record = dict(twin, config_name=cfg.name, config=cfg.to_dict(), config_hash=cfg.config_hash(),
+                  computed_as=twin["config_name"])
+    record["notes"] = [*twin["notes"], f"measured by the run of {twin['config_name']!r}: on one process with the "
+                       f"torch engine ZeRO-{cfg.zero_stage} partitions nothing, so both train bit-identically"]
     return record
 
 

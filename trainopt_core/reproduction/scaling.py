@@ -16,11 +16,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from tqdm.auto import tqdm
+
 from ..distributed import run_processes
+from .records import RECORD_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -67,9 +71,11 @@ def _allreduce_probe(sizes=(1, 2**20 // 4, 2**22 // 4), repeats: int = 5) -> lis
     return results
 
 
-def _scaling_worker(task: str, profile: str, config: str, steps: int, warmup_steps: int, seed: int,
-                    data_policy: str, probe_comm: bool) -> dict:
-    """One rank: DDP training steps, timed after warm-up; returns this rank's counts."""
+def _scaling_worker(task: str, profile: str, configs: list[str], windows: int, steps_per_window: int,
+                    warmup_steps: int, seed: int, data_policy: str, probe_comm: bool) -> dict:
+    """One rank: every configuration built side by side, its DDP steps timed in interleaved
+    windows (`measure.interleaved_windows`); returns this rank's items/s per window."""
+    from .. import measure
     from ..compose import prepare
     from .profiles import get_profile
     from .runner import _one_optimizer_step, micro_batch_size, resolve_config
@@ -78,33 +84,40 @@ def _scaling_worker(task: str, profile: str, config: str, steps: int, warmup_ste
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if dist.get_backend() == "nccl" else torch.device("cpu")
     prof = get_profile(task, profile)
-    cfg, notes = resolve_config(config, prof, device)
-    torch.manual_seed(seed)  # same initial weights on every rank
-    bundle = build_task(prof, data_policy=data_policy, data_dir=None, device=device, seed=seed + rank)
-    model = bundle.model.to(device)
-    if world_size > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)  # prepare() compresses reduced-precision all-reduce
-    optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
-    micro = micro_batch_size(cfg, prof)
-    engine = prepare(model, optimizer, cfg, total_samples=10**9, micro_batch_size=micro, device=device)
-    batches = bundle.train_batches(micro, seed=seed + rank)
-    for _ in range(warmup_steps):
-        _one_optimizer_step(engine, bundle, model, batches)
+    steps, info, engines = {}, {}, []
+    for config in configs:
+        cfg, notes = resolve_config(config, prof, device)
+        torch.manual_seed(seed)  # same initial weights on every rank
+        bundle = build_task(prof, data_policy=data_policy, data_dir=None, device=device, seed=seed + rank)
+        model = bundle.model.to(device)
+        if world_size > 1:
+            model = torch.nn.parallel.DistributedDataParallel(model)  # prepare() compresses reduced-precision all-reduce
+        optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
+        micro = micro_batch_size(cfg, prof)
+        engine = prepare(model, optimizer, cfg, total_samples=10**9, micro_batch_size=micro, device=device)
+        engines.append(engine)
+        batches = bundle.train_batches(micro, seed=seed + rank)
+        ks, items_log = [], []
+
+        def step(engine=engine, bundle=bundle, model=model, batches=batches, ks=ks, items_log=items_log) -> float:
+            items, _ = _one_optimizer_step(engine, bundle, model, batches)
+            ks.append(engine.k)
+            items_log.append(items)
+            return items
+
+        steps[config] = step
+        info[config] = dict(precision=cfg.precision, notes=notes, ks=ks, items=items_log, data_source=bundle.data_source,
+                            num_parameters=sum(p.numel() for p in model.parameters()))
     dist.barrier()
-    items, ks = 0.0, []
-    start = time.perf_counter()
-    for _ in range(steps):
-        step_items, _ = _one_optimizer_step(engine, bundle, model, batches)
-        items += step_items
-        ks.append(engine.k)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - start
-    engine.close()
+    rates = measure.interleaved_windows(steps, windows=windows, steps_per_window=steps_per_window,
+                                        warmup_steps=warmup_steps, device=device)
+    for engine in engines:
+        engine.close()
     comm = _allreduce_probe() if probe_comm and world_size > 1 else None
-    return dict(rank=rank, items=items, seconds=elapsed, mean_k=sum(ks) / len(ks), precision=cfg.precision,
-                num_parameters=sum(p.numel() for p in model.parameters()), notes=notes, comm_probe=comm,
-                threads=torch.get_num_threads(), device=str(device))
+    for i in info.values():
+        ks, items = i.pop("ks"), i.pop("items")
+        i.update(mean_k=sum(ks) / len(ks), items_per_step=sum(items) / len(items))
+    return dict(rank=rank, rates=rates, comm_probe=comm, threads=torch.get_num_threads(), device=str(device), info=info)
 
 
 def fit_ring_model(probe: list[tuple[int, float]], world_size: int) -> RingAllReduceModel:
@@ -118,49 +131,107 @@ def fit_ring_model(probe: list[tuple[int, float]], world_size: int) -> RingAllRe
 
 
 def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("baseline", "optimized"),
-                    world_sizes=None, steps: int = 6, warmup_steps: int = 2, seed: int = 0,
-                    threads_per_process: int = 1, data_policy: str = "auto",
-                    modelled_world_sizes=(4, 8), timeout_s: float = 900) -> list[dict]:
+                    world_sizes=None, rounds: int = 3, windows: int = 3, steps_per_window: int = 2,
+                    warmup_steps: int = 2, seed: int = 0, threads_per_process: int = 1, data_policy: str = "auto",
+                    modelled_world_sizes=(4, 8), timeout_s: float = 900, progress: bool = True,
+                    out_dir: str | os.PathLike | None = None, rerun: bool = False) -> list[dict]:
     """Measured rows for every world size this machine offers, plus labeled modelled rows.
 
-    On CPU, each process gets `threads_per_process` threads so T_1 and T_n use the same
-    compute per replica; world sizes default to 1..min(#GPUs or #cores, 2 on CPU / 4 on GPU).
+    Each of `rounds` rounds launches every world size in turn (1, 2, 1, 2, ...); inside one
+    launch the configurations run side by side in `windows` interleaved timing windows. A
+    world size's throughput is the mean ± 95 % CI over all its windows; its efficiency
+    T_n / (n · T_1) is taken per round (median windows of the same round) and summarized over
+    rounds, so a slow round affects T_n and T_1 alike. On CPU each process gets
+    `threads_per_process` threads, so T_1 and T_n use the same compute per replica; world sizes
+    default to 1..min(#GPUs or #cores, 2 on CPU / 4 on GPU).
+
+    With `out_dir`, the rows are written to ``<out_dir>/scaling__<task>.json`` and reused (unless
+    `rerun`) when that file was made under the same conditions with the same settings.
     """
+    from .. import measure
+    from .profiles import get_profile
+    from .records import condition_differences, load_record, run_conditions, write_record
+    from .tasks import build_task
+
     if world_sizes is None:
         limit = torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 1) // threads_per_process
         world_sizes = list(range(1, max(1, min(limit, 4 if torch.cuda.is_available() else 2)) + 1))
-    rows = []
-    for config in configs:
-        measured = {}
-        comm_model = None
+    for argument, value in (("rounds", rounds), ("windows", windows), ("steps_per_window", steps_per_window)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{argument}={value!r} is invalid: allowed an integer >= 1")
+    configs = list(configs)
+    settings = dict(configs=configs, world_sizes=list(world_sizes), rounds=rounds, windows=windows,
+                    steps_per_window=steps_per_window, warmup_steps=warmup_steps, seed=seed,
+                    threads_per_process=threads_per_process, modelled_world_sizes=list(modelled_world_sizes))
+    path = None if out_dir is None else Path(out_dir) / f"scaling__{task}.json"
+    if path is not None:
+        prof = get_profile(task, profile)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        source = build_task(prof, data_policy=data_policy, data_dir=None, device=torch.device("cpu"), seed=seed).data_source
+        conditions = run_conditions(device=device, backend="torch", world_size=max(world_sizes), data_source=source,
+                                    data_policy=data_policy, profile_settings=prof.to_dict())
+        existing = None if rerun else load_record(path)
+        if (existing is not None and existing.get("settings") == settings
+                and not condition_differences(existing, conditions)):
+            return existing["rows"]
+    per_round: dict[int, list[dict]] = {n: [] for n in world_sizes}  # n -> [{config: [global items/s]}]
+    first, comm_model = {}, None
+    bar = tqdm(total=rounds * len(world_sizes), desc=f"{task} scaling launches", unit="launch",
+               disable=not progress, leave=False)
+    for round_index in range(rounds):
         for n in world_sizes:
-            results = run_processes(_scaling_worker, n, args=(task, profile, config, steps, warmup_steps, seed,
-                                                              data_policy, n == max(world_sizes)),
+            results = run_processes(_scaling_worker, n, args=(task, profile, configs, windows, steps_per_window,
+                                                              warmup_steps, seed, data_policy,
+                                                              round_index == 0 and n == max(world_sizes)),
                                     threads_per_process=threads_per_process, timeout_s=timeout_s)
-            items = sum(r["items"] for r in results)
-            seconds = max(r["seconds"] for r in results)
-            measured[n] = dict(throughput=items / seconds, step_s=seconds / steps,
-                               items_per_step_per_replica=results[0]["items"] / steps, mean_k=results[0]["mean_k"],
-                               precision=results[0]["precision"], num_parameters=results[0]["num_parameters"],
-                               threads=results[0]["threads"], device=results[0]["device"])
+            # every replica processes the same items per window: the slowest replica sets the pace
+            per_round[n].append({c: [n * min(r["rates"][c][w] for r in results) for w in range(windows)]
+                                 for c in configs})
+            first.setdefault(n, results[0])
             if results[0]["comm_probe"]:
                 comm_model = fit_ring_model(results[0]["comm_probe"], n)
-        t1 = measured[world_sizes[0]]["throughput"] if world_sizes[0] == 1 else None
-        for n, m in measured.items():
-            rows.append(dict(task=task, profile=profile, config=config, world_size=n, modelled=False,
-                             throughput=m["throughput"], efficiency=None if t1 is None else m["throughput"] / (n * t1),
-                             mean_k=m["mean_k"], precision=m["precision"], threads_per_process=m["threads"],
-                             device=m["device"], source="measured"))
+            bar.update(1)
+    bar.close()
+    rows = []
+    for config in configs:
+        def median_of(n, r):
+            return measure.summarize(per_round[n][r][config])["median"]
+
+        measured = {}
+        for n in world_sizes:
+            windows_all = [rate for round_rates in per_round[n] for rate in round_rates[config]]
+            summary = measure.summarize(windows_all)
+            efficiency = (measure.summarize([median_of(n, r) / (n * median_of(1, r)) for r in range(rounds)])
+                          if 1 in world_sizes else None)
+            info = first[n]["info"][config]
+            measured[n] = summary
+            rows.append(dict(
+                task=task, profile=profile, config=config, world_size=n, modelled=False,
+                throughput=summary["mean"], throughput_ci=[summary["ci_low"], summary["ci_high"]],
+                throughput_median=summary["median"], throughput_range=[summary["min"], summary["max"]],
+                efficiency=None if efficiency is None else efficiency["mean"],
+                efficiency_ci=None if efficiency is None else [efficiency["ci_low"], efficiency["ci_high"]],
+                efficiency_per_round=None if efficiency is None else [median_of(n, r) / (n * median_of(1, r))
+                                                                       for r in range(rounds)],
+                windows=len(windows_all), rounds=rounds, mean_k=info["mean_k"], precision=info["precision"],
+                threads_per_process=first[n]["threads"], device=first[n]["device"], data_source=info["data_source"],
+                source="measured: interleaved windows, world sizes alternating"))
         if comm_model is not None and 1 in measured:
-            base = measured[1]
+            info = first[1]["info"][config]
+            t1 = measured[1]["median"]
+            items_per_step_per_replica = info["items_per_step"]
             for n in sorted(set(modelled_world_sizes) | set(world_sizes)):
                 throughput = modelled_throughput(
-                    compute_s_per_step=base["step_s"], items_per_step_per_replica=base["items_per_step_per_replica"],
-                    world_size=n, num_parameters=base["num_parameters"], precision=base["precision"], comm=comm_model)
+                    compute_s_per_step=items_per_step_per_replica / t1, items_per_step_per_replica=items_per_step_per_replica,
+                    world_size=n, num_parameters=info["num_parameters"], precision=info["precision"], comm=comm_model)
                 rows.append(dict(task=task, profile=profile, config=config, world_size=n, modelled=True,
-                                 throughput=throughput, efficiency=throughput / (n * t1), mean_k=base["mean_k"],
-                                 precision=base["precision"], source=f"modelled: ring all-reduce, {comm_model.source}",
+                                 throughput=throughput, efficiency=throughput / (n * t1), mean_k=info["mean_k"],
+                                 precision=info["precision"], source=f"modelled: ring all-reduce, {comm_model.source}",
                                  bandwidth_bytes_per_s=comm_model.bandwidth_bytes_per_s, latency_s=comm_model.latency_s))
+    if path is not None:
+        write_record(path, dict(schema=RECORD_SCHEMA, status="complete", kind="scaling", task=task, profile=profile,
+                                settings=settings, conditions=conditions, rows=rows,
+                                manifest=measure.run_manifest(profile=profile, device=device)))
     return rows
 
 

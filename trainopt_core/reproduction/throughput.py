@@ -1,0 +1,147 @@
+"""Throughput of the configurations a table compares, timed side by side (SPEC §4).
+
+A training run's own clock moves ±20 % between runs on a shared machine, and two runs made
+minutes apart see different machine states. So the tables do not take throughput from the
+training runs: `measure_throughput` builds every configuration of a table in one process and
+times them in interleaved windows (A, B, C, ..., then again, `measure.interleaved_windows`),
+after untimed warm-up steps and with no evaluation inside a window. Window i of each
+configuration ran in the same round, so the ratio optimized/baseline is taken per round and
+what the machine did during that round cancels. Seconds per sample from these windows,
+multiplied by the samples to target of the training runs (deterministic for a seed), give the
+tables' time to target.
+
+The result is written to ``<out_dir>/throughput__<task>.json`` and reused, like a run record,
+only when it was made under the same conditions (`records.run_conditions`) for (at least) the
+same configurations.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import measure
+from ..compose import prepare
+from ..distributed import find_free_port
+from .profiles import get_profile
+from .records import RECORD_SCHEMA, condition_differences, load_record, run_conditions, write_record
+from .runner import _one_optimizer_step, micro_batch_size, resolve_config
+from .tasks import build_task
+
+TIMING_KIND = "interleaved_throughput"
+
+
+def throughput_path(out_dir: str | os.PathLike, task: str) -> Path:
+    return Path(out_dir) / f"throughput__{task}.json"
+
+
+def load_throughput(out_dir: str | os.PathLike, task: str) -> dict | None:
+    """The finished throughput record of `task` in `out_dir`, or None."""
+    record = load_record(throughput_path(out_dir, task))
+    return record if record is not None and record.get("kind") == TIMING_KIND else None
+
+
+def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int = 0,
+                       out_dir: str | os.PathLike = "reports/quick/timing", device: str | None = None,
+                       backend: str = "torch", data_policy: str = "auto", data_dir=None, rerun: bool = False,
+                       progress: bool = True) -> dict:
+    """Items/s and samples/s of every configuration in `configs`, in the profile's interleaved
+    timing windows; returns (and writes) the throughput record."""
+    configs = list(dict.fromkeys(configs))
+    if not configs:
+        raise ValueError("configs=[] is invalid: allowed a non-empty list of configuration names")
+    prof = get_profile(task, profile)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    path = throughput_path(out_dir, task)
+    owns_group = backend == "deepspeed" and not torch.distributed.is_initialized()
+    if owns_group:  # every DeepSpeed engine of the session shares one 1-rank process group
+        os.environ.setdefault("LOCAL_RANK", "0")
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                             init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+    workloads: dict[str, _Workload] = {}
+    conditions = None
+    try:
+        for name in configs:
+            workload = workloads[name] = _Workload(task, prof, name, device=device, backend=backend,
+                                                   data_policy=data_policy, data_dir=data_dir, seed=seed)
+            if conditions is None:
+                conditions = run_conditions(device=device, backend=backend, world_size=1,
+                                            data_source=workload.data_source, data_policy=data_policy,
+                                            profile_settings=prof.to_dict())
+                existing = None if rerun else load_throughput(out_dir, task)
+                if (existing is not None and not condition_differences(existing, conditions)
+                        and set(configs) <= set(existing["results"])):
+                    return existing
+        windows = prof.timing_windows
+        bar = tqdm(total=windows * len(configs), desc=f"{task} throughput windows", unit="window",
+                   disable=not progress, leave=False)
+        rates = measure.interleaved_windows(
+            {name: w.step for name, w in workloads.items()}, windows=windows,
+            steps_per_window=prof.timing_steps_per_window, warmup_steps=prof.throughput_warmup_steps,
+            device=device, progress=lambda: bar.update(1))
+        bar.close()
+    finally:
+        for workload in workloads.values():
+            workload.close()
+        if owns_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    results = {}
+    for name, workload in workloads.items():
+        per_sample = workload.items / workload.samples
+        results[name] = dict(
+            items_per_s=rates[name],
+            samples_per_s=[rate / per_sample for rate in rates[name]],
+            items_per_sample=per_sample,
+            item_unit=prof.item_unit,
+            summary=measure.summarize(rates[name]),
+            precision=workload.cfg.precision,
+            micro_batch_size=workload.micro,
+            mean_k=sum(workload.ks) / len(workload.ks),
+            notes=workload.notes,
+        )
+    record = dict(
+        schema=RECORD_SCHEMA, status="complete", kind=TIMING_KIND, task=task, profile=profile, seed=seed,
+        configs=configs, conditions=conditions, windows=prof.timing_windows,
+        steps_per_window=prof.timing_steps_per_window, warmup_steps=prof.throughput_warmup_steps,
+        order="interleaved: one window per configuration per round, the order rotating each round",
+        results=results, manifest=measure.run_manifest(profile=profile, device=device),
+    )
+    write_record(path, record)
+    return record
+
+
+class _Workload:
+    """One configuration ready to step: model, optimizer, engine and its batches."""
+
+    def __init__(self, task, prof, name, *, device, backend, data_policy, data_dir, seed):
+        self.cfg, self.notes = resolve_config(name, prof, device)
+        torch.manual_seed(seed)
+        self.bundle = build_task(prof, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
+        self.data_source = self.bundle.data_source
+        model = self.bundle.model.to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
+        self.micro = micro_batch_size(self.cfg, prof)
+        self.engine = prepare(model, optimizer, self.cfg, total_samples=int(prof.epochs * self.bundle.num_train_samples),
+                              micro_batch_size=self.micro, device=device, backend=backend)
+        self.batches = self.bundle.train_batches(self.micro, seed=seed)
+        self.items = self.samples = 0.0
+        self.ks: list[int] = []
+        self._closed = False
+
+    def step(self) -> float:
+        samples_before = self.engine.samples_consumed
+        items, _ = _one_optimizer_step(self.engine, self.bundle, self.engine.model, self.batches)
+        self.items += items
+        self.samples += self.engine.samples_consumed - samples_before
+        self.ks.append(self.engine.k)
+        return items
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.engine.close()
+
+
+__all__ = ["load_throughput", "measure_throughput", "throughput_path"]
