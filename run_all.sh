@@ -18,16 +18,20 @@ notebook_for() {  # section -> notebook (a function, not an associative array: b
 usage() {
     cat <<USAGE
 Usage: ./run_all.sh [--profile smoke|quick|paper] [--seeds N] [--sections LIST]
-                    [--tasks LIST] [--data-policy auto|real|standin]
+                    [--tasks LIST] [--data-policy auto|real|standin] [--reports-dir DIR]
 
 Runs the section notebooks with papermill into reports/<profile>/ and writes reports/README.md.
+Run records and timings made on another kind of machine (or under other conditions) are
+measured again; those made here are reused, so an interrupted reproduction resumes.
 
   --profile      smoke (seconds per run), quick (default; a 2-core CPU in well under an hour),
                  paper (the paper's setup; needs GPUs and the real data sets)
-  --seeds N      seeds per configuration, N >= 1 (default 1)
+  --seeds N      seeds per configuration, N >= 1 (default 3: the fewest with a usable 95 % CI)
   --sections     comma-separated subset of $SECTIONS_ALL (default: all, in this order)
   --tasks        comma-separated subset of cifar10,wikitext2 (default: both)
   --data-policy  auto (default: real data when present, else a labeled stand-in), real, standin
+  --reports-dir  where to write (default: reports/ of this checkout); e.g. a second folder to
+                 compare two reproductions with python -m trainopt_core.reporting.agreement
   -h, --help     this text
 USAGE
 }
@@ -39,17 +43,18 @@ fail_usage() {
 }
 
 profile=quick
-seeds=1
+seeds=3
 sections=$SECTIONS_ALL
 tasks=cifar10,wikitext2
 data_policy=auto
+reports_root=
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
-        --profile|--seeds|--sections|--tasks|--data-policy)
+        --profile|--seeds|--sections|--tasks|--data-policy|--reports-dir)
             [ $# -ge 2 ] || fail_usage "$1 needs a value"
             option=$1; value=$2; shift 2 ;;
-        --profile=*|--seeds=*|--sections=*|--tasks=*|--data-policy=*)
+        --profile=*|--seeds=*|--sections=*|--tasks=*|--data-policy=*|--reports-dir=*)
             option=${1%%=*}; value=${1#*=}; shift ;;
         *) fail_usage "unknown argument '$1'" ;;
     esac
@@ -59,6 +64,7 @@ while [ $# -gt 0 ]; do
         --sections) sections=$value ;;
         --tasks) tasks=$value ;;
         --data-policy) data_policy=$value ;;
+        --reports-dir) reports_root=$value ;;
     esac
 done
 
@@ -76,39 +82,45 @@ for section in ${sections//,/ }; do
 done
 [ ${#selected[@]} -gt 0 ] || fail_usage "--sections '' is invalid: allowed a comma-separated subset of $SECTIONS_ALL"
 
+if [ -n "$reports_root" ]; then
+    mkdir -p "$reports_root" || fail_usage "--reports-dir '$reports_root' cannot be created"
+    reports_root=$(cd "$reports_root" && pwd)
+fi
 cd "$(dirname "$0")"
 root=$PWD
+reports_root=${reports_root:-$root/reports}
 # shellcheck disable=SC1091
 . scripts/bootstrap.sh || { echo "run_all.sh: setting up the Python environment failed (see above)" >&2; exit 1; }
 
-out_dir="$root/reports/$profile/notebooks"
+out_dir="$reports_root/$profile/notebooks"
 mkdir -p "$out_dir"
 echo "[run_all] profile $profile, $seeds seed(s), tasks $tasks, data policy $data_policy, sections ${selected[*]}"
 failures=()
+run_start=$(date +%s)
 for section in "${selected[@]}"; do
     notebook=$(notebook_for "$section")
     start=$(date +%s)
     echo "[run_all] ${notebook} ..."
     if python -m papermill "notebooks/$notebook" "$out_dir/$notebook" \
             -p profile "$profile" -p seeds "$seeds" -p tasks "$tasks" \
-            -p reports_dir "$root/reports" -p data_policy "$data_policy" \
+            -p reports_dir "$reports_root" -p data_policy "$data_policy" \
             --cwd notebooks -k python3; then
-        echo "[run_all] ${notebook} done in $(( $(date +%s) - start )) s -> reports/$profile/notebooks/$notebook"
+        echo "[run_all] ${notebook} done in $(( $(date +%s) - start )) s -> $out_dir/$notebook"
     else
         cell=$(python -c 'import sys; from trainopt_core.reporting.notebook import describe_failed_cell as d; print(d(sys.argv[1]))' \
                "$out_dir/$notebook" 2>&1)
         echo "[run_all] FAILED: notebooks/$notebook -- $cell" >&2
-        echo "[run_all]         the executed notebook with the error: reports/$profile/notebooks/$notebook" >&2
+        echo "[run_all]         the executed notebook with the error: $out_dir/$notebook" >&2
         failures+=("notebooks/$notebook: $cell")
     fi
 done
 
 python -c 'import sys; from trainopt_core.reporting import write_reports_index; print("[run_all] wrote", write_reports_index(sys.argv[1]))' \
-    "$root/reports" || failures+=("reports/README.md could not be written")
+    "$reports_root" || failures+=("$reports_root/README.md could not be written")
 
 if [ ${#failures[@]} -gt 0 ]; then
     echo "[run_all] ${#failures[@]} failure(s):" >&2
     printf '[run_all]   %s\n' "${failures[@]}" >&2
     exit 1
 fi
-echo "[run_all] all sections done; see reports/README.md"
+echo "[run_all] all sections done in $(( $(date +%s) - run_start )) s; see $reports_root/README.md"

@@ -17,7 +17,7 @@ CHECK, IGNORE = "nbval-check-output", "nbval-ignore-output"
 
 PARAMETERS = '''\
 profile = "quick"        # smoke | quick | paper
-seeds = 1                # number of seeds per configuration (0..seeds-1)
+seeds = 3                # number of seeds per configuration (0..seeds-1)
 tasks = ["cifar10", "wikitext2"]
 reports_dir = "../reports"   # relative to notebooks/
 data_policy = "auto"     # auto (real data if present, else a labeled stand-in) | real | standin'''
@@ -28,7 +28,7 @@ from trainopt_core import reporting
 from trainopt_core.reporting import figures, tables
 from trainopt_core.reporting.notebook import (
     TASK_LABELS, configuration_table, paper_claims_frame, parse_tasks, publish_figure, publish_table,
-    records_of, report_paths, run_grid, show_markdown, table_name)
+    records_of, report_paths, run_grid, show_markdown, table_name, timed_grid)
 
 paths = report_paths(reports_dir, profile)
 tasks = parse_tasks(tasks)
@@ -72,16 +72,23 @@ FLOPs utilization. This notebook runs the same pair on this machine, under the c
 and puts each measured number beside the paper's claim.
 
 How each quantity is measured (SPEC §4): *throughput* counts training items per second of
-training time (evaluation and warm-up steps excluded); *peak memory* is CUDA's
-`max_memory_allocated`, or on CPU the peak of live tensors during a tracked training step;
-*time to target* is the interpolated first crossing of the profile's target at a fixed
-evaluation cadence; *FLOPs utilization* is analytic training FLOPs per item × throughput ÷ the
-device's peak FLOP/s in that precision.
+training time, from every configuration of Tables I-III timed side by side in one process
+(interleaved windows A, B, C, ..., A, B, C, ...; warm-up steps and evaluation excluded);
+*peak memory* is the training step's peak (CUDA's allocator, or on CPU the peak of live tensors
+during a tracked training step); *time to target* is samples to target (the interpolated first
+crossing of the profile's target; deterministic for a seed) × seconds per sample from those
+windows; *model FLOPs utilization* is analytic training FLOPs per item (recompute excluded) ×
+throughput ÷ the device's peak FLOP/s in that precision.
 
-**When does a claim hold?** A claimed change holds when the measured change has the claimed sign
-and at least half its size ("direction only" when the sign matches but the size is smaller);
-comparable quality holds when the change is within the paper's ±0.5 % (or, with several seeds,
-within two standard errors).
+Every measured value is a mean ± half its 95 % confidence interval: over seeds for what a run
+measures, over timing windows for throughput. Changes are measured on pairs (same seed, same
+timing round), with their 95 % CI.
+
+**When does a claim hold?** Only when the whole CI of the measured change clears the rule: a
+claimed change holds when the CI lies at or beyond half the claim in the claimed direction, and
+is not held when it lies entirely short of that; comparable quality holds when the CI lies within
+the paper's ±0.5 % and is not held when it lies entirely outside. Anything else is
+*inconclusive*: the measurement cannot tell, and a rerun could land on either side.
 """),
     code(SETUP),
     md("""
@@ -106,12 +113,13 @@ every table caption repeats them.
 One run per task × configuration × seed. A finished run record in `reports/<profile>/runs/` is
 reused, so re-executing this notebook (or an interrupted `run_all.sh`) does not train again.
 """),
-    code('''records = run_grid(tasks, ["baseline", "optimized"], seeds=seeds, profile=profile,
-                   out_dir=paths.runs, data_policy=data_policy)''', IGNORE),
+    code('''records = timed_grid(tasks, ["baseline", "optimized"], seeds=seeds, profile=profile, paths=paths,
+                     data_policy=data_policy)''', IGNORE),
     md("""
 ## Tables I and II, measured
 
-Means ± standard deviation over seeds (no spread with one seed). The paper's absolute values are
+Means ± half their 95 % CI (no interval with one seed, except peak memory, which is
+bit-identical across seeds and reruns). The paper's absolute values are
 from its GPUs and full-size models; compare the *changes*.
 """),
     code('''for task in tasks:
@@ -158,8 +166,8 @@ The cumulative ladder, then leave-one-out (each removes one component from `opti
 """),
     code('configuration_table(ladder + ["optimized"] + without_one)', CHECK),
     md("## Runs (finished records are reused)"),
-    code('''records = run_grid(tasks, ladder + ["optimized"] + without_one, seeds=seeds, profile=profile,
-                   out_dir=paths.runs, data_policy=data_policy)''', IGNORE),
+    code('''records = timed_grid(tasks, ladder + ["optimized"] + without_one, seeds=seeds, profile=profile,
+                     paths=paths, data_policy=data_policy)''', IGNORE),
     md("## Table III, measured"),
     code('''for task in tasks:
     table = tables.ablation_table(records, task)
@@ -191,8 +199,13 @@ latency parameters; communication volume that depends on precision and on k, sin
 all-reduces once per k micro-batches) extends the table to larger world sizes. Modelled rows are
 marked as such in the table and drawn hollow and dashed in the figure.
 
-**When does a claim hold?** A measured efficiency holds the paper's claim when it is at most 2
-points below the paper's at the same world size; modelled rows are never judged. On a CPU the
+Each world size is launched several times, alternating (1, 2, 1, 2, ...); inside a launch the
+baseline and optimized configurations are timed in interleaved windows. Efficiency is taken per
+round and reported as mean with its 95 % CI over rounds.
+
+**When does a claim hold?** A measured efficiency holds the paper's claim when its whole CI lies
+at most 2 points below the paper's at the same world size, is not held when the whole CI lies
+below that, and is inconclusive otherwise; modelled rows are never judged. On a CPU the
 processes also share memory bandwidth and caches, a cost the communication model leaves out: the
 gap between the measured and the modelled 2-process rows shows its size here.
 """),
@@ -221,7 +234,8 @@ records = run_grid(scaling_tasks, ["baseline", "optimized"], seeds=1, profile=pr
                    data_policy=data_policy)
 scaling = {}
 for task in scaling_tasks if measure_scaling is not None else []:
-    rows = measure_scaling(task, profile, configs=["baseline", "optimized"], data_policy=data_policy)
+    rows = measure_scaling(task, profile, configs=["baseline", "optimized"], data_policy=data_policy,
+                           out_dir=paths.timing, progress=False)
     scaling[task] = tables.scaling_table(rows, task=task)
     publish_table(scaling[task], paths, table_name("table4_scaling", task),
                   f"Table IV analogue (scaling): {TASK_LABELS[task]['description']}", records_of(records, task),
@@ -245,7 +259,7 @@ This notebook measures each of these on the runs of notebooks 1 and 2 (reused, o
 from trainopt_core import leave_one_out
 from trainopt_core.reporting import analysis
 configs = ["baseline", "+lr_schedule", "+checkpointing", "optimized"] + [c.name for c in leave_one_out()]
-records = run_grid(tasks, configs, seeds=seeds, profile=profile, out_dir=paths.runs, data_policy=data_policy)''',
+records = timed_grid(tasks, configs, seeds=seeds, profile=profile, paths=paths, data_policy=data_policy)''',
          IGNORE),
     md("""
 ## The paper's error-analysis claims
@@ -344,7 +358,7 @@ segment) -- calibrated on the measured baseline run, beside what the matching ru
 (memory, throughput, time to target, final quality) and their quality curves. Run notebooks 1
 and 2 first (or `./run_all.sh`) so there are runs to compare with.
 """),
-    code(SETUP.replace("run_grid, ", "") + '''
+    code(SETUP.replace("run_grid, ", "").replace(", timed_grid", "") + '''
 from trainopt_core.reporting import explorer
 from trainopt_core.checkpointing import expected_saved_fraction, resolve_segments'''),
     md("""

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 NOTEBOOKS = ["01_main_results.ipynb", "02_ablation.ipynb", "03_scaling.ipynb", "04_error_analysis.ipynb",
              "explorer.ipynb"]
-PARAMETER_DEFAULTS = ['profile = "quick"', "seeds = 1", 'tasks = ["cifar10", "wikitext2"]',
+PARAMETER_DEFAULTS = ['profile = "quick"', "seeds = 3", 'tasks = ["cifar10", "wikitext2"]',
                       'reports_dir = "../reports"', 'data_policy = "auto"']
 
 

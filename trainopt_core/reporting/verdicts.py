@@ -1,22 +1,29 @@
 """Whether a claim held on this hardware: the rule every paper-vs-measured table applies.
 
-When does a claim hold? (`claim_verdict`)
-- a claimed *change* (time, memory, throughput, FLOPs utilization) holds when the measured
-  relative change has the claimed sign and at least half the claimed magnitude; the right sign
-  with less than half the magnitude is "direction only"; the wrong sign is "not held".
-- a claim of *comparable quality* (final accuracy / perplexity) holds when the measured relative
-  change is within the paper's ±0.5 % (§V-A: "within statistical noise (±0.5%)"), or, with ≥ 2
-  seeds per configuration, within two standard errors of the difference (statistical noise);
-  otherwise "not held", saying whether the optimized run's quality was better or worse.
-- a claimed *scaling efficiency* T_n/(n·T_1) (Table IV) holds when the measured efficiency at the
-  same world size is at most 2 points below the paper's (`efficiency_verdict`); modelled rows are
-  never judged: they are not measurements.
+Every measured change comes with its 95 % confidence interval (`results.measured_change`: over
+seeds, over interleaved timing windows for throughput). A claim is judged only when the whole
+interval is on one side of the rule; otherwise the verdict is "inconclusive" -- the measurement
+cannot tell, and a rerun could land on either side. Verdicts are "held", "not held" (with what
+was measured) or "inconclusive".
+
+- a claimed *change* c (time, memory, throughput, FLOPs utilization) holds when the interval of
+  the measured relative change lies entirely at or beyond half the claim, c/2, in the claimed
+  direction; it is not held when the interval lies entirely short of c/2 (the wrong sign
+  included).
+- a claim of *comparable quality* (final accuracy / perplexity, §V-A: "within statistical noise
+  (±0.5%)") holds when the interval lies within ±0.5 %; it is not held when the interval lies
+  entirely outside ±0.5 %, saying whether the optimized run was better or worse.
+- a claimed *scaling efficiency* e = T_n/(n·T_1) (Table IV) holds when the interval of the
+  measured efficiency at that world size lies at or above e − 2 points, and is not held when it
+  lies entirely below; modelled rows are never judged: they are not measurements.
+
+A single value without an interval (one seed, for a per-seed quantity other than peak memory,
+which is bit-identical across seeds and reruns) is always inconclusive.
 """
 from __future__ import annotations
 
 import math
 
-import pandas as pd
 
 HOLD_FRACTION = 0.5            # at least half the claimed magnitude
 COMPARABLE_TOLERANCE = 0.005   # paper §V-A: ±0.5 %
@@ -35,14 +42,20 @@ def relative_change(baseline: float, optimized: float) -> float:
     return (optimized - baseline) / abs(baseline)
 
 
-def claim_verdict(claimed_relative: float | None, measured_relative: float, *, kind: str = "change",
-                  noise_relative: float | None = None, higher_is_better: bool | None = None) -> str:
+def _interval(ci) -> tuple[float, float] | None:
+    if ci is None or any(v is None or not math.isfinite(v) for v in ci):
+        return None
+    low, high = sorted(ci)
+    return low, high
+
+
+def claim_verdict(claimed_relative: float | None, measured_relative: float | None, *, ci=None, kind: str = "change",
+                  higher_is_better: bool | None = None) -> str:
     """Did the claim hold on this hardware? (rule in the module docstring)
 
-    `kind` is "change" (a claimed improvement) or "comparable" (a claimed equal quality);
-    `noise_relative` is two standard errors of the measured difference, relative to the
-    baseline, when ≥ 2 seeds were run (only used for "comparable"); with `higher_is_better`
-    given, a quality that is not comparable says whether the optimized run was better or worse.
+    `kind` is "change" (a claimed improvement) or "comparable" (a claimed equal quality); `ci`
+    is the (low, high) 95 % interval of `measured_relative`; with `higher_is_better` given, a
+    quality that is not comparable says whether the optimized run was better or worse.
     """
     if kind not in ("change", "comparable"):
         _fail("kind", kind, "'change' or 'comparable'")
@@ -50,20 +63,33 @@ def claim_verdict(claimed_relative: float | None, measured_relative: float, *, k
         return "no claim"
     if measured_relative is None or not math.isfinite(measured_relative):
         return "not measured"
+    interval = _interval(ci)
+    if interval is None:
+        return "inconclusive (no interval)"
+    low, high = interval
     if kind == "comparable":
-        tolerance = max(COMPARABLE_TOLERANCE, noise_relative or 0.0)
-        if abs(measured_relative) <= tolerance:
+        tolerance = COMPARABLE_TOLERANCE
+        if -tolerance <= low and high <= tolerance:
             return "held"
-        if higher_is_better is None:
-            return "not held"
-        better = (measured_relative > 0) == higher_is_better
-        return f"not held (optimized {'better' if better else 'worse'})"
-    if claimed_relative == 0 or math.copysign(1, measured_relative) != math.copysign(1, claimed_relative) or measured_relative == 0:
-        return "not held"
-    return "held" if abs(measured_relative) >= HOLD_FRACTION * abs(claimed_relative) else "direction only"
+        if high < -tolerance or low > tolerance:
+            if higher_is_better is None:
+                return "not held"
+            better = (low > tolerance) == higher_is_better
+            return f"not held (optimized {'better' if better else 'worse'})"
+        return "inconclusive"
+    if claimed_relative == 0:
+        return "no claim"
+    sign = math.copysign(1, claimed_relative)
+    low, high = sorted((sign * low, sign * high))  # in the claimed direction
+    threshold = HOLD_FRACTION * abs(claimed_relative)
+    if low >= threshold:
+        return "held"
+    if high < threshold:
+        return "not held (wrong direction)" if high < 0 else "not held (less than half the claim)"
+    return "inconclusive"
 
 
-def efficiency_verdict(claimed: float | None, measured: float | None, *, modelled: bool = False) -> str:
+def efficiency_verdict(claimed: float | None, measured: float | None, *, ci=None, modelled: bool = False) -> str:
     """Did a claimed scaling efficiency hold? (rule in the module docstring)"""
     if modelled:
         return "modelled, not judged"
@@ -71,15 +97,20 @@ def efficiency_verdict(claimed: float | None, measured: float | None, *, modelle
         return "no claim"
     if measured is None or not math.isfinite(measured):
         return "not measured"
-    if measured >= claimed - EFFICIENCY_TOLERANCE:
+    interval = _interval(ci)
+    if interval is None:
+        return "inconclusive (no interval)"
+    floor = claimed - EFFICIENCY_TOLERANCE
+    if interval[0] >= floor:
         return "held"
-    return f"not held ({100 * (claimed - measured):.1f} points lower)"
+    if interval[1] < floor:
+        return f"not held ({100 * (claimed - interval[1]):.1f}+ points lower)"
+    return "inconclusive"
 
 
-def noise_relative(base: pd.Series, opt: pd.Series, key: str) -> float | None:
-    """Two standard errors of (optimized − baseline), relative to the baseline mean."""
-    n_b, n_o = base[f"{key}_n"], opt[f"{key}_n"]
-    if n_b < 2 or n_o < 2 or not base[f"{key}_mean"]:
-        return None
-    se = math.sqrt(base[f"{key}_std"] ** 2 / n_b + opt[f"{key}_std"] ** 2 / n_o)
-    return 2 * se / abs(base[f"{key}_mean"])
+def verdict_category(verdict: str) -> str:
+    """"held", "not held", "inconclusive", or the verdict itself (no claim, not measured ...)."""
+    for category in ("not held", "held", "inconclusive"):
+        if verdict.startswith(category):
+            return category
+    return verdict

@@ -1,0 +1,138 @@
+"""Do two reproductions agree? Compare the tables of two report folders.
+
+    python -m trainopt_core.reporting.agreement reports/quick /tmp/rerun/quick --out agreement.md
+
+Reads the CSV tables (numbers, not the formatted Markdown) of Tables I-IV in both folders'
+``tables/`` and lists:
+
+- every cell whose verdict differs ("held" / "not held" / "inconclusive"; the reason in
+  brackets may differ without counting as a flip);
+- every measured quantity with a 95 % CI (changes, throughputs, efficiencies) whose value in one
+  run lies outside the other run's interval ("moved beyond its CI");
+- every throughput ratio (optimized/baseline, each ladder or leave-one-out configuration vs the
+  baseline) that moved by more than ±5 % between the two (`RATIO_TOLERANCE`).
+
+Exit status 1 when a verdict flipped or a throughput ratio moved beyond ±5 %, else 0.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .verdicts import verdict_category
+
+RATIO_TOLERANCE = 0.05
+# Row keys of the tables compared (by file-name prefix).
+_KEYS = {"table1": ("metric",), "table2": ("metric",), "table3": ("config",), "table4": ("config", "source", "world_size")}
+# Changes that are throughput ratios minus one: (file prefix, key value or None, column).
+_THROUGHPUT_RATIOS = (("table1", "Throughput", "measured_relative"), ("table2", "Throughput", "measured_relative"),
+                      ("table3", None, "measured_throughput_change"))
+
+
+def _tables(folder: Path) -> dict[str, pd.DataFrame]:
+    tables = {}
+    for path in sorted((folder / "tables").glob("table*.csv")):
+        prefix = path.stem.split("_")[0]
+        if prefix in _KEYS:
+            tables[path.stem] = pd.read_csv(path)
+    return tables
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def compare_reports(first: str | Path, second: str | Path) -> dict:
+    """Differences between the tables of two report folders (``reports/<profile>``)."""
+    first, second = Path(first), Path(second)
+    a_tables, b_tables = _tables(first), _tables(second)
+    out = dict(first=str(first), second=str(second), tables=sorted(set(a_tables) & set(b_tables)),
+               missing=sorted(set(a_tables) ^ set(b_tables)), verdict_flips=[], beyond_ci=[], ratio_moves=[],
+               ratios_compared=0, verdicts_compared=0)
+    for name in out["tables"]:
+        keys = [k for k in _KEYS[name.split("_")[0]] if k in a_tables[name].columns]
+        a = a_tables[name].set_index(keys)
+        b = b_tables[name].set_index(keys)
+        for row_key in a.index.intersection(b.index):
+            label = f"{name}: {row_key if not isinstance(row_key, tuple) else ' / '.join(map(str, row_key))}"
+            ra, rb = a.loc[row_key], b.loc[row_key]
+            for column in (c for c in a.columns if c.startswith("claim_held") and c in b.columns):
+                va, vb = str(ra[column]), str(rb[column])
+                out["verdicts_compared"] += 1
+                if verdict_category(va) != verdict_category(vb):
+                    out["verdict_flips"].append(dict(cell=f"{label} [{column}]", first=va, second=vb))
+            for column in (c for c in a.columns if f"{c}_ci_low" in a.columns and f"{c}_ci_high" in a.columns
+                           and c in b.columns):
+                values = [ra[column], rb[column], ra[f"{column}_ci_low"], ra[f"{column}_ci_high"],
+                          rb[f"{column}_ci_low"], rb[f"{column}_ci_high"]]
+                if not all(_finite(v) for v in values):
+                    continue
+                x_a, x_b, lo_a, hi_a, lo_b, hi_b = values
+                if not (lo_a <= x_b <= hi_a and lo_b <= x_a <= hi_b):
+                    out["beyond_ci"].append(dict(cell=f"{label} [{column}]", first=x_a, first_ci=(lo_a, hi_a),
+                                                 second=x_b, second_ci=(lo_b, hi_b)))
+            for prefix, key_value, column in _THROUGHPUT_RATIOS:
+                if name.startswith(prefix) and (key_value is None or row_key == key_value) and column in a.columns:
+                    if _finite(ra[column]) and _finite(rb[column]):
+                        out["ratios_compared"] += 1
+                        moved = (1 + rb[column]) / (1 + ra[column]) - 1
+                        if abs(moved) > RATIO_TOLERANCE:
+                            out["ratio_moves"].append(dict(cell=f"{label} [{column}]", first=1 + ra[column],
+                                                           second=1 + rb[column], moved=moved))
+    out["agree"] = not out["verdict_flips"] and not out["ratio_moves"]
+    return out
+
+
+def format_agreement(result: dict) -> str:
+    """The comparison as Markdown."""
+    lines = [f"# Rerun agreement: `{result['first']}` vs `{result['second']}`", "",
+             f"Tables compared: {', '.join(result['tables']) or 'none'}"
+             + (f"; only in one folder: {', '.join(result['missing'])}" if result["missing"] else ""), "",
+             f"- verdicts compared: {result['verdicts_compared']}, differing: **{len(result['verdict_flips'])}**",
+             f"- throughput ratios compared: {result['ratios_compared']}, moved by more than ±{100 * RATIO_TOLERANCE:.0f} %: "
+             f"**{len(result['ratio_moves'])}**",
+             f"- measured values outside the other run's 95 % CI: **{len(result['beyond_ci'])}**", "",
+             f"Agreement: **{'yes' if result['agree'] else 'no'}** (no verdict differs and every throughput ratio "
+             f"is within ±{100 * RATIO_TOLERANCE:.0f} %)", ""]
+    if result["verdict_flips"]:
+        lines += ["## Verdicts that differ", "", "| cell | first | second |", "|---|---|---|"]
+        lines += [f"| {f['cell']} | {f['first']} | {f['second']} |" for f in result["verdict_flips"]] + [""]
+    if result["ratio_moves"]:
+        lines += ["## Throughput ratios that moved beyond ±5 %", "", "| cell | first | second | moved |", "|---|---|---|---|"]
+        lines += [f"| {m['cell']} | {m['first']:.3f} | {m['second']:.3f} | {100 * m['moved']:+.1f}% |"
+                  for m in result["ratio_moves"]] + [""]
+    if result["beyond_ci"]:
+        lines += ["## Values outside the other run's 95 % CI", "", "| cell | first [CI] | second [CI] |", "|---|---|---|"]
+        lines += [f"| {m['cell']} | {m['first']:.4g} [{m['first_ci'][0]:.4g}, {m['first_ci'][1]:.4g}] | "
+                  f"{m['second']:.4g} [{m['second_ci'][0]:.4g}, {m['second_ci'][1]:.4g}] |" for m in result["beyond_ci"]]
+        lines += [""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainopt_core.reporting.agreement",
+                                     description="Compare the tables of two report folders (reports/<profile>).")
+    parser.add_argument("first")
+    parser.add_argument("second")
+    parser.add_argument("--out", default=None, help="write the comparison (Markdown) here as well")
+    args = parser.parse_args(argv)
+    for folder in (args.first, args.second):
+        if not (Path(folder) / "tables").is_dir():
+            parser.error(f"{folder!r} has no tables/ folder: pass a report folder such as reports/quick")
+    result = compare_reports(args.first, args.second)
+    text = format_agreement(result)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0 if result["agree"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["RATIO_TOLERANCE", "compare_reports", "format_agreement", "main"]
