@@ -15,3 +15,28 @@ if REPO not in sys.path:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def tf32_flags():
+    """Sets the matmul / cuDNN-convolution TF32 flags for a test and restores them."""
+    from trainopt_core.measure import flops
+
+    matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
+    new_api = hasattr(matmul, "fp32_precision") and conv is not None
+    saved = (matmul.fp32_precision, conv.fp32_precision) if new_api else (
+        matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+
+    def set_flags(*, matmul_tf32: bool, conv_tf32: bool):
+        if new_api:
+            matmul.fp32_precision = "tf32" if matmul_tf32 else "ieee"
+            conv.fp32_precision = "tf32" if conv_tf32 else "ieee"
+        else:
+            matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul_tf32, conv_tf32
+
+    yield set_flags
+    if new_api:
+        matmul.fp32_precision, conv.fp32_precision = saved
+    else:
+        matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    flops._cached_peak.cache_clear()
