@@ -42,9 +42,15 @@ def relative_change(baseline: float, optimized: float) -> float:
     return (optimized - baseline) / abs(baseline)
 
 
-def _interval(ci) -> tuple[float, float] | None:
+def _unjudgeable(claimed, measured, ci) -> str | tuple[float, float]:
+    """The verdict when there is nothing to judge (no claim, no measurement, no interval), else
+    the sorted (low, high) interval."""
+    if claimed is None or not math.isfinite(claimed):
+        return "no claim"
+    if measured is None or not math.isfinite(measured):
+        return "not measured"
     if ci is None or any(v is None or not math.isfinite(v) for v in ci):
-        return None
+        return "inconclusive (no interval)"
     low, high = sorted(ci)
     return low, high
 
@@ -59,13 +65,9 @@ def claim_verdict(claimed_relative: float | None, measured_relative: float | Non
     """
     if kind not in ("change", "comparable"):
         _fail("kind", kind, "'change' or 'comparable'")
-    if claimed_relative is None or (isinstance(claimed_relative, float) and math.isnan(claimed_relative)):
-        return "no claim"
-    if measured_relative is None or not math.isfinite(measured_relative):
-        return "not measured"
-    interval = _interval(ci)
-    if interval is None:
-        return "inconclusive (no interval)"
+    interval = _unjudgeable(claimed_relative, measured_relative, ci)
+    if isinstance(interval, str):
+        return interval
     low, high = interval
     if kind == "comparable":
         tolerance = COMPARABLE_TOLERANCE
@@ -93,13 +95,9 @@ def efficiency_verdict(claimed: float | None, measured: float | None, *, ci=None
     """Did a claimed scaling efficiency hold? (rule in the module docstring)"""
     if modelled:
         return "modelled, not judged"
-    if claimed is None or not math.isfinite(claimed):
-        return "no claim"
-    if measured is None or not math.isfinite(measured):
-        return "not measured"
-    interval = _interval(ci)
-    if interval is None:
-        return "inconclusive (no interval)"
+    interval = _unjudgeable(claimed, measured, ci)
+    if isinstance(interval, str):
+        return interval
     floor = claimed - EFFICIENCY_TOLERANCE
     if interval[0] >= floor:
         return "held"
