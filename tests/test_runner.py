@@ -7,6 +7,7 @@ import pytest
 
 from trainopt_core.reproduction import records as run_records
 from trainopt_core.reproduction import runner
+from trainopt_core.reproduction.profiles import TIMING_ONLY_SETTINGS
 from trainopt_core.config import OptimizationConfig
 
 REQUIRED_METRICS = {
@@ -100,6 +101,28 @@ def test_record_made_under_other_conditions_is_run_again(smoke_records, monkeypa
         with pytest.raises(Retrained):
             runner.run("wikitext2", "baseline", profile="smoke", seed=0, out_dir=out, data_policy="standin", progress=False)
         assert run_records.condition_differences(stale, json.loads(original)["conditions"]) == [condition]
+    finally:
+        path.write_text(original)
+
+
+def test_timing_window_settings_do_not_invalidate_a_training_run(smoke_records, monkeypatch):
+    """The interleaved timing's window counts are not read by a training run: its record made
+    under other values is reused (the throughput record, which does read them, is not)."""
+    out, _ = smoke_records
+    path = run_records.record_path(out, "wikitext2", OptimizationConfig.baseline(), "smoke", 0)
+    original = path.read_text()
+    made = json.loads(original)
+    made["conditions"]["profile_settings"] = dict(made["conditions"]["profile_settings"], timing_windows=99,
+                                                  timing_steps_per_window=99)
+    path.write_text(json.dumps(made))
+    monkeypatch.setattr(runner, "prepare", retrain)
+    try:
+        reused = runner.run("wikitext2", "baseline", profile="smoke", seed=0, out_dir=out, data_policy="standin",
+                            progress=False)
+        assert reused["conditions"]["profile_settings"]["timing_windows"] == 99
+        current = json.loads(original)["conditions"]
+        assert run_records.condition_differences(made, current) == ["profile_settings"]
+        assert run_records.condition_differences(made, current, ignore_settings=TIMING_ONLY_SETTINGS) == []
     finally:
         path.write_text(original)
 

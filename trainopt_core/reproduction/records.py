@@ -48,9 +48,17 @@ def run_conditions(*, device: torch.device | str, backend: str, world_size: int,
                         torch=torch.__version__, profile_settings=profile_settings))
 
 
-def condition_differences(record: dict, conditions: dict) -> list[str]:
-    """The conditions under which `record` was made that differ from `conditions` (empty: reusable)."""
-    made = record.get("conditions") or {}
+def condition_differences(record: dict, conditions: dict, *, ignore_settings=()) -> list[str]:
+    """The conditions under which `record` was made that differ from `conditions` (empty: reusable).
+
+    `ignore_settings`: profile settings that cannot change what the record measured (a training
+    run does not read the throughput timing's window counts), left out of the comparison."""
+    made = dict(record.get("conditions") or {})
+    conditions = dict(conditions)
+    if ignore_settings:
+        for side in (made, conditions):
+            if isinstance(side.get("profile_settings"), dict):
+                side["profile_settings"] = {k: v for k, v in side["profile_settings"].items() if k not in ignore_settings}
     return [key for key in sorted(set(made) | set(conditions)) if made.get(key) != conditions.get(key)]
 
 

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .. import measure
 from ..compose import prepare
 from ..config import OptimizationConfig
-from .profiles import TaskProfile, get_profile
+from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
 from .records import (
     RECORD_SCHEMA, computation_hash, condition_differences, load_record, record_path, run_conditions, write_record,
 )
@@ -85,7 +85,7 @@ def run(
     computation = computation_hash(cfg, world_size=world_size, backend=options.backend)
     if not options.rerun:
         existing = load_record(path)
-        if existing is not None and not condition_differences(existing, conditions):
+        if existing is not None and not condition_differences(existing, conditions, ignore_settings=TIMING_ONLY_SETTINGS):
             return existing  # made here, under these conditions: reused
         twin = _same_computation(Path(out_dir), task, profile, seed, computation, conditions)
         if twin is not None and options.max_steps is None:
@@ -212,7 +212,8 @@ def _same_computation(out_dir: Path, task: str, profile: str, seed: int, computa
     for candidate in sorted(out_dir.glob(f"{task}__*__{profile}__*__seed{seed}.json")):
         record = load_record(candidate)
         if (record is not None and record.get("computation_hash") == computation and record.get("seed") == seed
-                and not record.get("computed_as") and not condition_differences(record, conditions)):
+                and not record.get("computed_as")
+                and not condition_differences(record, conditions, ignore_settings=TIMING_ONLY_SETTINGS)):
             return record
     return None
 

@@ -149,7 +149,7 @@ def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("
     `rerun`) when that file was made under the same conditions with the same settings.
     """
     from .. import measure
-    from .profiles import get_profile
+    from .profiles import TIMING_ONLY_SETTINGS, get_profile
     from .records import condition_differences, load_record, run_conditions, write_record
     from .tasks import build_task
 
@@ -172,7 +172,7 @@ def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("
                                     data_policy=data_policy, profile_settings=prof.to_dict())
         existing = None if rerun else load_record(path)
         if (existing is not None and existing.get("settings") == settings
-                and not condition_differences(existing, conditions)):
+                and not condition_differences(existing, conditions, ignore_settings=TIMING_ONLY_SETTINGS)):
             return existing["rows"]
     per_round: dict[int, list[dict]] = {n: [] for n in world_sizes}  # n -> [{config: [global items/s]}]
     first, comm_model = {}, None
