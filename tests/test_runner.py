@@ -145,7 +145,7 @@ def test_a_run_that_computes_what_another_did_is_taken_from_it(tmp_path, monkeyp
 
 def test_interrupted_run_leaves_no_record_that_looks_complete(tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = runner._one_optimizer_step
+    real = runner.one_optimizer_step
 
     def interrupted(*args, **kwargs):
         calls["n"] += 1
@@ -153,7 +153,7 @@ def test_interrupted_run_leaves_no_record_that_looks_complete(tmp_path, monkeypa
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "_one_optimizer_step", interrupted)
+    monkeypatch.setattr(runner, "one_optimizer_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runner.run("cifar10", "baseline", profile="smoke", seed=1, out_dir=tmp_path, data_policy="standin", progress=False)
     assert list(tmp_path.glob("*.json")) == []

@@ -11,10 +11,9 @@ import time
 import torch
 
 from .. import measure
-from ..compose import prepare
 from ..config import OptimizationConfig
 from .profiles import get_profile
-from .runner import _one_optimizer_step, resolve_config
+from .runner import build_engine, one_optimizer_step, resolve_config
 from .tasks import build_task
 
 
@@ -46,20 +45,18 @@ def probe_accumulation_steps(
     for k in ks:
         torch.manual_seed(seed)
         bundle = build_task(prof, data_policy=data_policy, data_dir=None, device=dev, seed=seed)
-        model = bundle.model.to(dev)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
         cfg = base_cfg.replace(k=k, adaptive=False, k_min=1, k_max=max(k, 1))
-        micro = batch // k
-        engine = prepare(model, optimizer, cfg, total_samples=10**9, micro_batch_size=micro, device=dev)
+        engine, micro = build_engine(bundle, prof, cfg, device=dev, micro=batch // k, total_samples=10**9)
+        model, optimizer = engine.model, engine.optimizer
         batches = bundle.train_batches(micro, seed=seed)
-        _one_optimizer_step(engine, bundle, model, batches)  # warm-up
+        one_optimizer_step(engine, bundle, model, batches)  # warm-up
         memory = measure.PeakMemory(dev)
         with memory.track_step(model, optimizer) as tracker:
-            _one_optimizer_step(engine, bundle, model, batches)
+            one_optimizer_step(engine, bundle, model, batches)
         memory.add_tracked(tracker)
         items, start = 0.0, time.perf_counter()
         for _ in range(timed_steps):
-            step_items, _ = _one_optimizer_step(engine, bundle, model, batches)
+            step_items, _ = one_optimizer_step(engine, bundle, model, batches)
             items += step_items
         elapsed = measure.elapsed_s(start, dev)
         engine.close()

@@ -94,14 +94,9 @@ def run(
                 write_record(path, record)
             return record
 
-    model = bundle.model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
-    micro = micro_batch_size(cfg, prof)
     total_samples = int(prof.epochs * bundle.num_train_samples)
-    if world_size > 1 and options.backend == "torch":
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    engine = prepare(model, optimizer, cfg, total_samples=total_samples, micro_batch_size=micro, device=device,
-                     backend=options.backend)
+    engine, micro = build_engine(bundle, prof, cfg, device=device, backend=options.backend,
+                                 ddp=world_size > 1 and options.backend == "torch")
     model = engine.model  # the DeepSpeed engine's forward must go through its wrapper
     if cfg.zero_stage > 0:
         notes.append(f"ZeRO-{cfg.zero_stage}: {engine.zero_partitioning}")
@@ -125,10 +120,10 @@ def run(
                 history.append(_evaluate(bundle, engine, model, train_time_s, steps))
             next_eval_samples += prof.eval_every_samples
         tracking = engine.optimizer_steps == tracked_step and memory.tracks_live_tensors
-        tracker = memory.track_step(model, optimizer) if tracking else contextlib.nullcontext()
+        tracker = memory.track_step(model, engine.optimizer) if tracking else contextlib.nullcontext()
         with memory.training_step(), tracker:  # the training step's peak; evaluation is measured apart
             start = time.perf_counter()
-            step_items, step_loss = _one_optimizer_step(engine, bundle, model, batches)
+            step_items, step_loss = one_optimizer_step(engine, bundle, model, batches)
             step_s = measure.elapsed_s(start, device)
         train_time_s += step_s
         if tracking:
@@ -227,7 +222,24 @@ def _as_twin_of(twin: dict, cfg: OptimizationConfig) -> dict:
     return record
 
 
-def _one_optimizer_step(engine, bundle: Task, model, batches) -> tuple[float, float]:
+def build_engine(bundle: Task, prof: TaskProfile, cfg: OptimizationConfig, *, device, backend: str = "torch",
+                 micro: int | None = None, total_samples: int | None = None, ddp: bool = False):
+    """The task's model (DDP-wrapped when `ddp`), the paper's AdamW with the profile's LR, betas
+    and weight decay, and the engine, as every measurement builds them. Returns (engine,
+    micro-batch size); call `engine.model`. Defaults: `micro_batch_size(cfg, prof)` and the
+    profile's epochs of training samples for the LR schedule."""
+    model = bundle.model.to(device)
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
+    micro = micro or micro_batch_size(cfg, prof)
+    total_samples = total_samples or int(prof.epochs * bundle.num_train_samples)
+    engine = prepare(model, optimizer, cfg, total_samples=total_samples, micro_batch_size=micro, device=device,
+                     backend=backend)
+    return engine, micro
+
+
+def one_optimizer_step(engine, bundle: Task, model, batches) -> tuple[float, float]:
     """Micro-batches until the engine reaches its accumulation boundary; (items, mean loss)."""
     steps_before = engine.optimizer_steps
     items, loss_sum, micro_batches = 0.0, 0.0, 0

@@ -76,9 +76,8 @@ def _scaling_worker(task: str, profile: str, configs: list[str], windows: int, s
     """One rank: every configuration built side by side, its DDP steps timed in interleaved
     windows (`measure.interleaved_windows`); returns this rank's items/s per window."""
     from .. import measure
-    from ..compose import prepare
     from .profiles import get_profile
-    from .runner import _one_optimizer_step, micro_batch_size, resolve_config
+    from .runner import build_engine, one_optimizer_step, resolve_config
     from .tasks import build_task
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -89,18 +88,15 @@ def _scaling_worker(task: str, profile: str, configs: list[str], windows: int, s
         cfg, notes = resolve_config(config, prof, device)
         torch.manual_seed(seed)  # same initial weights on every rank
         bundle = build_task(prof, data_policy=data_policy, data_dir=None, device=device, seed=seed + rank)
-        model = bundle.model.to(device)
-        if world_size > 1:
-            model = torch.nn.parallel.DistributedDataParallel(model)  # prepare() compresses reduced-precision all-reduce
-        optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
-        micro = micro_batch_size(cfg, prof)
-        engine = prepare(model, optimizer, cfg, total_samples=10**9, micro_batch_size=micro, device=device)
+        # DDP when there are replicas: prepare() compresses reduced-precision all-reduce
+        engine, micro = build_engine(bundle, prof, cfg, device=device, total_samples=10**9, ddp=world_size > 1)
+        model = engine.model
         engines.append(engine)
         batches = bundle.train_batches(micro, seed=seed + rank)
         ks, items_log = [], []
 
         def step(engine=engine, bundle=bundle, model=model, batches=batches, ks=ks, items_log=items_log) -> float:
-            items, _ = _one_optimizer_step(engine, bundle, model, batches)
+            items, _ = one_optimizer_step(engine, bundle, model, batches)
             ks.append(engine.k)
             items_log.append(items)
             return items

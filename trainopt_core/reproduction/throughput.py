@@ -23,11 +23,10 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import measure
-from ..compose import prepare
 from ..distributed import find_free_port
 from .profiles import get_profile
 from .records import RECORD_SCHEMA, condition_differences, load_record, run_conditions, write_record
-from .runner import _one_optimizer_step, micro_batch_size, resolve_config
+from .runner import build_engine, one_optimizer_step, resolve_config
 from .tasks import build_task
 
 TIMING_KIND = "interleaved_throughput"
@@ -120,11 +119,7 @@ class _Workload:
         torch.manual_seed(seed)
         self.bundle = build_task(prof, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
         self.data_source = self.bundle.data_source
-        model = self.bundle.model.to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
-        self.micro = micro_batch_size(self.cfg, prof)
-        self.engine = prepare(model, optimizer, self.cfg, total_samples=int(prof.epochs * self.bundle.num_train_samples),
-                              micro_batch_size=self.micro, device=device, backend=backend)
+        self.engine, self.micro = build_engine(self.bundle, prof, self.cfg, device=device, backend=backend)
         self.batches = self.bundle.train_batches(self.micro, seed=seed)
         self.items = self.samples = 0.0
         self.ks: list[int] = []
@@ -132,7 +127,7 @@ class _Workload:
 
     def step(self) -> float:
         samples_before = self.engine.samples_consumed
-        items, _ = _one_optimizer_step(self.engine, self.bundle, self.engine.model, self.batches)
+        items, _ = one_optimizer_step(self.engine, self.bundle, self.engine.model, self.batches)
         self.items += items
         self.samples += self.engine.samples_consumed - samples_before
         self.ks.append(self.engine.k)

@@ -22,11 +22,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ...checkpointing import apply_activation_checkpointing, remove_activation_checkpointing
-from ...compose import prepare
 from ...config import OptimizationConfig
 from ...precision import autocast
 from ...reproduction.profiles import get_profile
-from ...reproduction.runner import micro_batch_size, resolve_config
+from ...reproduction.runner import build_engine, resolve_config
 from ...reproduction.tasks import build_task
 
 OP_CATEGORIES = ("convolution", "matmul/attention", "normalization", "element-wise", "optimizer",
@@ -115,12 +114,8 @@ def _task_setup(task: str, config, *, profile: str, data_policy: str, data_dir, 
     cfg, _ = resolve_config(config, prof, device)
     torch.manual_seed(seed)
     bundle = build_task(prof, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
-    model = bundle.model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
-    micro = micro_batch_size(cfg, prof)
-    engine = prepare(model, optimizer, cfg, total_samples=int(prof.epochs * bundle.num_train_samples),
-                     micro_batch_size=micro, device=device)
-    return bundle, model, engine, bundle.train_batches(micro, seed=seed), cfg, device
+    engine, micro = build_engine(bundle, prof, cfg, device=device)
+    return bundle, engine.model, engine, bundle.train_batches(micro, seed=seed), cfg, device
 
 
 def profile_operations(task: str, config: str = "baseline", *, profile: str = "smoke", steps: int = 2,
