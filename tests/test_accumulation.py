@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from trainopt_core import OptimizationConfig, prepare
-from trainopt_core.accumulation import GradientNoiseMonitor, NoiseEstimate, choose_k, estimate_noise
+from trainopt_core.accumulation import (
+    MIN_POOLED_STEPS,
+    GradientNoiseMonitor,
+    NoiseEstimate,
+    calibrate_sigma_target,
+    choose_k,
+    estimate_noise,
+    pool_estimates,
+)
 
 
 def test_hooked_micro_batch_norms_equal_explicit_per_micro_batch_gradients():
@@ -40,12 +48,16 @@ def test_eq7_sample_variance_and_unbiased_grad_norm_on_known_vectors():
 
 def test_eq6_chooses_k_and_clips_to_range():
     est = NoiseEstimate(sigma_sq=9.0, grad_sq=1.0, micro_batch_size=4, num_micro_batches=4)
-    assert choose_k(est, sigma_target=1.5, mode="absolute", k_min=1, k_max=16) == 4  # ceil(9/2.25)
-    assert choose_k(est, sigma_target=1.0, mode="absolute", k_min=1, k_max=8) == 8  # ceil(9) clipped
-    assert choose_k(est, sigma_target=10.0, mode="absolute", k_min=2, k_max=8) == 2  # raised to k_min
-    # relative: k = ceil(B_simple / (sigma_target^2 b)) = ceil(36 / (4 * 4))
-    assert choose_k(est, sigma_target=2.0, mode="relative", k_min=1, k_max=16) == 3
-    assert choose_k(NoiseEstimate(1.0, -0.1, 4, 4), sigma_target=1.0, mode="relative", k_min=2, k_max=8) == 8
+    assert choose_k(est, sigma_target=1.5, rule="variance", k_min=1, k_max=16) == 4  # ceil(9/2.25)
+    assert choose_k(est, sigma_target=1.0, rule="variance", k_min=1, k_max=8) == 8  # ceil(9) clipped
+    assert choose_k(est, sigma_target=10.0, rule="variance", k_min=2, k_max=8) == 2  # raised to k_min
+    # noise scale: k = ceil(B_simple / (sigma_target^2 b)) = ceil(36 / (4 * 4))
+    assert choose_k(est, sigma_target=2.0, rule="noise_scale", k_min=1, k_max=16) == 3
+    # |G|² not positive: the noise-scale reading is undefined, never silently k_max
+    with pytest.raises(ValueError, match="positive target variance"):
+        choose_k(NoiseEstimate(1.0, -0.1, 4, 4), sigma_target=1.0, rule="noise_scale", k_min=2, k_max=8)
+    with pytest.raises(ValueError, match="rule='eq6'"):
+        choose_k(est, sigma_target=1.0, rule="eq6", k_min=2, k_max=8)
 
 
 def test_linear_regression_noise_estimates_match_analytic_values():
@@ -62,11 +74,11 @@ def test_linear_regression_noise_estimates_match_analytic_values():
     trace = (d + 1) * 1.0 + s**2 * d
     analytic_sigma_sq, analytic_b_simple = trace / b, trace / 1.0
 
-    # lr = 0 keeps w fixed; ema close to 1 averages the per-step estimates
+    # lr = 0 keeps w fixed; a window of every step pools all per-step estimates
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     target_sq = analytic_sigma_sq / 4.5  # eq. 6 then asks for ceil(4.5) = 5
-    cfg = OptimizationConfig(k=k, adaptive=True, k_min=2, k_max=k, ema=0.995,
-                             sigma_target=math.sqrt(target_sq), sigma_target_mode="absolute")
+    cfg = OptimizationConfig(k=k, adaptive=True, k_min=2, k_max=k, noise_window=1500,
+                             sigma_target=math.sqrt(target_sq), k_rule="variance")
     engine = prepare(model, opt, cfg, total_samples=10**9, micro_batch_size=b)
     engine.k = k  # keep k fixed while estimating
     for step in range(1500):
@@ -81,14 +93,15 @@ def test_linear_regression_noise_estimates_match_analytic_values():
     assert noise.sigma_sq == pytest.approx(analytic_sigma_sq, rel=0.10)
     assert noise.grad_sq == pytest.approx(1.0, rel=0.10)
     assert noise.b_simple == pytest.approx(analytic_b_simple, rel=0.10)
-    assert choose_k(noise, sigma_target=cfg.sigma_target, mode="absolute", k_min=2, k_max=8) == 5
+    assert noise.steps == 1500 and noise.significant
+    assert choose_k(noise, sigma_target=cfg.sigma_target, rule="variance", k_min=2, k_max=8) == 5
 
 
 def test_adaptive_engine_changes_k_only_at_boundaries_and_skips_nonfinite_micro_batches():
     torch.manual_seed(1)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    cfg = OptimizationConfig(k=2, adaptive=True, k_min=2, k_max=6, sigma_target=0.5, sigma_target_mode="relative")
+    cfg = OptimizationConfig(k=2, adaptive=True, k_min=2, k_max=6, sigma_target=0.5, k_rule="noise_scale")
     engine = prepare(model, opt, cfg, total_samples=10**6, micro_batch_size=4)
     ks = []
     for micro in range(60):
@@ -100,9 +113,98 @@ def test_adaptive_engine_changes_k_only_at_boundaries_and_skips_nonfinite_micro_
             ks.append(engine.k)
         else:
             assert engine.k == k_before  # never mid-step
-    assert engine.noise is not None and max(ks) > 2  # high noise pushed k up
+    assert engine.noise is not None and engine.noise.steps == cfg.noise_window
     assert all(2 <= k <= 6 for k in ks)
     # a non-finite micro-batch norm is dropped, not averaged in
-    est_before = engine.monitor.smoothed
+    est_before = engine.monitor.pooled
     engine.monitor.finish_step(1.0, [(float("inf"), 4), (1.0, 4)])
-    assert engine.monitor.smoothed is est_before
+    assert engine.monitor.pooled is est_before
+
+
+def test_hooked_norms_of_float64_parameters_are_summed_in_float64():
+    torch.manual_seed(2)
+    model = torch.nn.Linear(64, 64).double()
+    monitor = GradientNoiseMonitor(list(model.parameters()))
+    x = torch.randn(8, 64, dtype=torch.float64)
+    monitor.begin_micro_batch(torch.device("cpu"), grad_to_mean=1.0, items=8)
+    model(x).pow(2).mean().backward()
+    [(hooked, items)] = monitor.micro_norms()
+    explicit = sum(p.grad.pow(2).sum() for p in model.parameters()).item()
+    assert items == 8 and hooked == pytest.approx(explicit, rel=1e-12)  # float32 would give ~1e-7
+    monitor.remove()
+
+
+def test_pooled_estimate_is_the_mean_with_a_t_interval_and_significance_needs_it_above_zero():
+    steps = [NoiseEstimate(sigma_sq=s, grad_sq=g, micro_batch_size=4, num_micro_batches=4)
+             for s, g in ((8.0, 2.0), (10.0, 2.5), (12.0, 3.0))]
+    pooled = pool_estimates(steps)
+    assert (pooled.sigma_sq, pooled.grad_sq, pooled.steps) == (10.0, 2.5, 3)
+    assert pooled.grad_sq_half_width == pytest.approx(4.303 * 0.5 / math.sqrt(3))  # t(0.975, 2) s/√n
+    assert pooled.significant and pooled.b_simple == pytest.approx(4 * 10.0 / 2.5)
+    noisy = pool_estimates([NoiseEstimate(10.0, g, 4, 4) for g in (3.0, -2.0, 1.0)])
+    assert noisy.grad_sq > 0 and not noisy.significant  # positive mean, interval reaches below 0
+    assert not pool_estimates(steps[:MIN_POOLED_STEPS - 1]).significant  # too few steps for an interval
+    with pytest.raises(ValueError, match="significant"):
+        calibrate_sigma_target(noisy, rule="noise_scale", k=4)
+
+
+@pytest.mark.parametrize("rule", ["noise_scale", "variance"])
+def test_calibration_reproduces_the_starting_k_where_it_is_made(rule):
+    estimate = pool_estimates([NoiseEstimate(9.0 + i, 1.0 + 0.1 * i, 4, 4) for i in range(4)])
+    sigma_target = calibrate_sigma_target(estimate, rule=rule, k=5)
+    assert choose_k(estimate, sigma_target=sigma_target, rule=rule, k_min=2, k_max=16) == 5
+
+
+def linear_regression_k_trajectory(rule, k_start, *, delta_norms, steps_per_delta=30, seed=0):
+    """Adaptive k while w approaches w* (|Δ| shrinks): for ½(w·x - y)², x ~ N(0, I), noise s,
+    tr Σ = |Δ|²(d+1) + s²d falls (σ² falls) while B_simple = tr Σ / |Δ|² grows."""
+    torch.manual_seed(seed)
+    d, s, b = 10, 1.0, 8
+    w_star = torch.randn(d)
+    direction = torch.randn(d)
+    direction = direction / direction.norm()
+    model = torch.nn.Linear(d, 1, bias=False)
+    cfg = OptimizationConfig(k=k_start, adaptive=True, k_min=2, k_max=8, noise_window=8, k_rule=rule)
+    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.0), cfg, total_samples=10**9, micro_batch_size=b)
+    ks, reasons, b_simple = [], [], []
+    for delta_norm in delta_norms:
+        with torch.no_grad():
+            model.weight.copy_((w_star + delta_norm * direction)[None])
+        for _ in range(steps_per_delta):
+            while True:
+                x = torch.randn(b, d)
+                y = x @ w_star + s * torch.randn(b)
+                engine.backward(0.5 * (model(x).squeeze(1) - y).pow(2).mean())
+                if engine.step():
+                    break
+            stats = engine.stats()
+            ks.append(stats["k"])
+            reasons.append(stats["k_reason"])
+            b_simple.append(stats["b_simple"])
+    engine.close()
+    return ks, reasons, b_simple, engine.sigma_target
+
+
+def test_noise_scale_rule_grows_k_as_the_gradient_signal_shrinks():
+    ks, reasons, b_simple, sigma_target = linear_regression_k_trajectory("noise_scale", 2, delta_norms=[3.0, 1.0, 0.4])
+    assert sigma_target is not None  # calibrated at the first significant estimate
+    assert ks[:MIN_POOLED_STEPS - 1] == [2] * (MIN_POOLED_STEPS - 1)  # held until an interval exists
+    assert reasons[0].startswith("held")
+    assert ks[-1] == 8 and max(ks[:20]) <= 3  # B_simple grew ~6x (12 -> 74): k rose from 2 to k_max
+    assert all(v is not None for v in b_simple) and b_simple[-1] > 3 * b_simple[5]
+
+
+def test_variance_rule_lowers_k_as_the_gradient_variance_falls():
+    ks, _, _, sigma_target = linear_regression_k_trajectory("variance", 8, delta_norms=[3.0, 1.0, 0.4])
+    assert sigma_target is not None
+    assert min(ks[:20]) >= 7 and ks[-1] <= 3  # σ² fell ~9x (109 -> 12): k fell from k_max to ~k_min
+
+
+def test_pure_noise_gradient_holds_k_and_says_so():
+    """At w = w* the true gradient is 0: the estimate is rarely significant, and k changes only
+    on a step where eq. 6 acted -- never clamped to k_max because |G|² came out negative."""
+    ks, reasons, _, _ = linear_regression_k_trajectory("noise_scale", 3, delta_norms=[0.0], steps_per_delta=120)
+    held = sum(r.startswith("held") for r in reasons)
+    assert held >= 0.9 * len(reasons)
+    assert reasons[0] == "held: |G|² not significant" and ks[0] == 3
+    assert all(k == previous for previous, k, r in zip(ks, ks[1:], reasons[1:]) if r.startswith("held"))

@@ -3,7 +3,7 @@
 Per-micro-batch squared gradient norms come from tensor hooks on the parameters: a hook sees
 each micro-batch's gradient before autograd adds it into `.grad`, so |g_j|² is a reduction of a
 tensor that exists anyway -- no per-micro-batch gradient copies (which would cost the memory
-that accumulation is meant to save).
+that accumulation is meant to save). The per-parameter squares are summed in float64.
 
 With micro-batch gradients g_1..g_k (each a mean over its micro-batch of b items) and the
 accumulated gradient G = mean_j g_j:
@@ -12,27 +12,62 @@ accumulated gradient G = mean_j g_j:
           |G|²   ≈ |G_acc|² - σ²/k         (E|G_acc|² = |G_true|² + σ²/k: unbiased estimate)
           B_simple = tr(Σ)/|G|² = b σ² / |G|²    (McCandlish et al. 2018, with tr(Σ) ≈ b σ²)
   eq. 6   k      = clip(⌈σ² / (σ_target² + ε)⌉, k_min, k_max)
-          σ_target² = sigma_target²            (absolute)
-          σ_target² = sigma_target² · |G|²     (relative: k ≈ B_simple / (sigma_target² b))
+
+One step's |G|² estimate is noise-dominated whenever the gradient noise scale exceeds the step's
+batch (typical of small models on hard data), and the step-to-step magnitudes shrink by orders
+of magnitude early in training, so an exponential average keeps the first steps' values for far
+longer than its nominal horizon. The monitor therefore pools the last `window` steps with equal
+weights (means of σ² and of |G|²; B_simple is their ratio, as McCandlish et al. recommend) and
+calls the pooled estimate *significant* when the 95 % Student-t interval of the per-step |G|²
+estimates lies above zero (and at least MIN_POOLED_STEPS steps are pooled). Eq. 6 acts only
+on significant estimates; otherwise k stays where it is and the step's record says why.
+
+Two readings of eq. 6 (`rule`):
+  "noise_scale"  σ_target² = sigma_target² · |G|², so k ≈ B_simple / (sigma_target² b): the
+                 accumulated batch follows the gradient noise scale, which grows as the loss
+                 falls (McCandlish et al. 2018) -- k rises during training.
+  "variance"     σ_target² = sigma_target² (absolute, eq. 6 as printed): k follows the
+                 micro-batch gradient variance, which is largest early -- k falls during
+                 training, as the paper's text describes ("increases accumulation steps when
+                 gradients exhibit high variance (early training)").
+`calibrate_sigma_target` sets sigma_target from the first significant estimate so that eq. 6
+reproduces the run's starting k there; later k follows the estimate relative to that point.
+Both scales are model-specific (|∇L|² has the model's units), so this is what makes one
+default configuration meaningful for a ResNet and a GPT-2 alike.
 """
 from __future__ import annotations
 
+import collections
 import math
+import statistics
 from dataclasses import dataclass
 
 import torch
 
+from .measure.stats import t_quantile_975
+
 EPS = 1e-12
+K_RULES = ("noise_scale", "variance")
+MIN_POOLED_STEPS = 3  # the fewest per-step |G|² estimates whose spread gives an interval
 
 
-@dataclass
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+@dataclass(frozen=True)
 class NoiseEstimate:
-    """One step's (or the EMA's) gradient-noise statistics, all in unscaled units."""
+    """Gradient-noise statistics, all in unscaled units: one step's, or pooled over `steps`.
+
+    `grad_sq_half_width` is the half-width of the 95 % t-interval of the pooled |G|² (NaN for a
+    single step, which has no interval)."""
 
     sigma_sq: float          # eq. 7: variance of a micro-batch gradient around the accumulated one
     grad_sq: float           # unbiased |G|²
     micro_batch_size: float  # mean items per micro-batch (b)
     num_micro_batches: int
+    steps: int = 1
+    grad_sq_half_width: float = math.nan
 
     @property
     def b_simple(self) -> float:
@@ -41,36 +76,87 @@ class NoiseEstimate:
             return math.inf
         return self.micro_batch_size * self.sigma_sq / self.grad_sq
 
+    @property
+    def significant(self) -> bool:
+        """Whether |G|² is known to be positive: >= MIN_POOLED_STEPS steps pooled and the 95 %
+        interval of |G|² above zero. B_simple and eq. 6 mean something only then."""
+        return (self.steps >= MIN_POOLED_STEPS and math.isfinite(self.grad_sq_half_width)
+                and self.grad_sq - self.grad_sq_half_width > 0)
+
 
 def estimate_noise(micro_sq_norms: list[float], micro_sizes: list[float], accumulated_sq_norm: float) -> NoiseEstimate:
-    """Eq. 7 and the unbiased |G|² from per-micro-batch |g_j|² and |G_acc|².
+    """Eq. 7 and the unbiased |G|² from per-micro-batch |g_j|² and |G_acc|² (one step).
 
     `micro_sq_norms[j]` is |g_j|² where g_j is micro-batch j's mean gradient; with unequal sizes
     the sizes weight nothing here (the estimate treats each micro-batch as one draw) but b is
-    their mean.
+    their mean. σ² is not clamped at zero (a clamp would bias the pooled mean upwards).
     """
     k = len(micro_sq_norms)
     if k < 2:
         raise ValueError(f"estimate_noise needs >= 2 micro-batch gradients (eq. 7), got {k}")
-    sigma_sq = max((sum(micro_sq_norms) - k * accumulated_sq_norm) / (k - 1), 0.0)
+    sigma_sq = (sum(micro_sq_norms) - k * accumulated_sq_norm) / (k - 1)
     grad_sq = accumulated_sq_norm - sigma_sq / k
     return NoiseEstimate(sigma_sq, grad_sq, sum(micro_sizes) / k, k)
 
 
-def choose_k(estimate: NoiseEstimate, *, sigma_target: float, mode: str, k_min: int, k_max: int) -> int:
-    """Eq. 6, clipped to [k_min, k_max]."""
-    if mode == "absolute":
-        target_sq = sigma_target**2
-    else:
-        target_sq = sigma_target**2 * max(estimate.grad_sq, 0.0)
-    if target_sq <= 0:  # |G|² estimate not positive: noise dominates, accumulate as much as allowed
-        return k_max
-    k = math.ceil(estimate.sigma_sq / (target_sq + EPS))
+def pool_estimates(estimates: list[NoiseEstimate]) -> NoiseEstimate:
+    """Equal-weight pool of per-step estimates: mean σ², mean |G|² with its 95 % t half-width."""
+    if not estimates:
+        raise ValueError("pool_estimates needs >= 1 estimate")
+    n = len(estimates)
+    grad_sqs = [e.grad_sq for e in estimates]
+    half = t_quantile_975(n - 1) * statistics.stdev(grad_sqs) / math.sqrt(n) if n > 1 else math.nan
+    return NoiseEstimate(
+        sigma_sq=statistics.fmean(e.sigma_sq for e in estimates),
+        grad_sq=statistics.fmean(grad_sqs),
+        micro_batch_size=statistics.fmean(e.micro_batch_size for e in estimates),
+        num_micro_batches=estimates[-1].num_micro_batches,
+        steps=n,
+        grad_sq_half_width=half,
+    )
+
+
+def _target_sq(estimate: NoiseEstimate, sigma_target: float, rule: str) -> float:
+    if rule == "variance":
+        return sigma_target**2
+    if rule == "noise_scale":
+        return sigma_target**2 * max(estimate.grad_sq, 0.0)
+    _fail("rule", rule, f"one of {K_RULES}")
+
+
+def choose_k(estimate: NoiseEstimate, *, sigma_target: float, rule: str, k_min: int, k_max: int) -> int:
+    """Eq. 6, clipped to [k_min, k_max]. Call it with significant estimates only: with |G|² not
+    positive the noise-scale reading is undefined and this raises."""
+    target_sq = _target_sq(estimate, sigma_target, rule)
+    if target_sq <= 0:
+        raise ValueError(f"eq. 6 needs a positive target variance; |G|² = {estimate.grad_sq:.3g} with rule={rule!r}")
+    # the relative tolerance keeps a calibrated k (ratio exactly k up to rounding) at k
+    k = math.ceil(estimate.sigma_sq / (target_sq + EPS) * (1 - 1e-9))
     return int(min(k_max, max(k_min, k)))
 
 
+def calibrate_sigma_target(estimate: NoiseEstimate, *, rule: str, k: int) -> float:
+    """The sigma_target for which eq. 6 gives `k` at `estimate` (a significant one).
+
+    "variance": sigma_target² = σ²/k; "noise_scale": sigma_target² = σ²/(k |G|²) = B_simple/(k b).
+    """
+    if not estimate.significant:
+        raise ValueError("calibrate_sigma_target needs a significant estimate (|G|² interval above 0)")
+    if not estimate.sigma_sq > 0:
+        raise ValueError(f"calibrate_sigma_target needs σ² > 0, got {estimate.sigma_sq:.3g}")
+    if rule == "variance":
+        return math.sqrt(estimate.sigma_sq / k)
+    if rule == "noise_scale":
+        return math.sqrt(estimate.sigma_sq / (k * estimate.grad_sq))
+    _fail("rule", rule, f"one of {K_RULES}")
+
+
+def _norm_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+
+
 class GradientNoiseMonitor:
-    """Collects per-micro-batch |g_j|² with parameter hooks and keeps EMA-smoothed estimates.
+    """Collects per-micro-batch |g_j|² with parameter hooks and pools the last `window` steps.
 
     Per micro-batch: `begin_micro_batch(device, grad_to_mean, items)` before its backward, where
     grad_to_mean turns the hooked gradient (loss-scaled and batch-normalized) into the
@@ -78,10 +164,13 @@ class GradientNoiseMonitor:
     Non-finite micro-batches (fp16 overflow) are dropped from the estimate.
     """
 
-    def __init__(self, parameters, ema: float = 0.9):
-        self.ema = ema
-        self.smoothed: NoiseEstimate | None = None
+    def __init__(self, parameters, window: int = 8):
+        if not isinstance(window, int) or window < 1:
+            _fail("window", window, "an integer >= 1 (steps pooled)")
+        self.window = window
         self.last: NoiseEstimate | None = None
+        self.pooled: NoiseEstimate | None = None
+        self._recent: collections.deque[NoiseEstimate] = collections.deque(maxlen=window)
         self._current: torch.Tensor | None = None
         self._micro: list[tuple[torch.Tensor, float, float]] = []
         self._handles = [p.register_hook(self._record) for p in parameters if p.requires_grad]
@@ -89,12 +178,16 @@ class GradientNoiseMonitor:
     def _record(self, grad: torch.Tensor) -> None:
         # Called once per parameter per backward with that micro-batch's gradient; returns None
         # so the gradient is left untouched. A parameter used twice (tied embeddings) gets one
-        # call with the summed gradient.
+        # call with the summed gradient. The norm is taken in at least float32 (float64 for
+        # float64 gradients) and its square summed in float64.
         if self._current is not None:
-            self._current += torch.linalg.vector_norm(grad, dtype=torch.float32).square()
+            dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+            norm = torch.linalg.vector_norm(grad, dtype=dtype)
+            self._current += norm.to(self._current.dtype).square()
 
     def begin_micro_batch(self, device: torch.device, grad_to_mean: float, items: float) -> None:
-        self._current = torch.zeros((), dtype=torch.float32, device=device)
+        device = torch.device(device)
+        self._current = torch.zeros((), dtype=_norm_dtype(device), device=device)
         self._micro.append((self._current, grad_to_mean, items))
 
     def micro_norms(self) -> list[tuple[float, float]]:
@@ -105,25 +198,15 @@ class GradientNoiseMonitor:
         return [(sq * scale**2, items) for sq, (_, scale, items) in zip(raw, self._micro)]
 
     def finish_step(self, accumulated_sq_norm: float, micro: list[tuple[float, float]]) -> NoiseEstimate | None:
-        """Updates the estimates from this step's micro-batch norms (all replicas' when given)."""
+        """Adds this step's estimate (from all replicas' micro-batch norms when given) to the
+        window and returns the pooled estimate (None before the first usable step)."""
         self._micro, self._current = [], None
         micro = [(sq, n) for sq, n in micro if math.isfinite(sq)]
-        if len(micro) < 2 or not math.isfinite(accumulated_sq_norm):
-            return None
-        estimate = estimate_noise([sq for sq, _ in micro], [n for _, n in micro], accumulated_sq_norm)
-        self.last = estimate
-        if self.smoothed is None:
-            self.smoothed = estimate
-        else:
-            # EMA of numerator and denominator separately (McCandlish et al. 2018, app. A.1)
-            a = self.ema
-            self.smoothed = NoiseEstimate(
-                a * self.smoothed.sigma_sq + (1 - a) * estimate.sigma_sq,
-                a * self.smoothed.grad_sq + (1 - a) * estimate.grad_sq,
-                estimate.micro_batch_size,
-                estimate.num_micro_batches,
-            )
-        return self.smoothed
+        if len(micro) >= 2 and math.isfinite(accumulated_sq_norm):
+            self.last = estimate_noise([sq for sq, _ in micro], [n for _, n in micro], accumulated_sq_norm)
+            self._recent.append(self.last)
+            self.pooled = pool_estimates(list(self._recent))
+        return self.pooled
 
     def remove(self) -> None:
         for handle in self._handles:

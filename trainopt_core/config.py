@@ -15,9 +15,10 @@ from typing import Literal, Union
 
 import torch
 
+from .accumulation import K_RULES
+
 PRECISIONS = ("fp32", "fp16", "bf16")
 SCHEDULES = ("constant", "cosine")
-SIGMA_TARGET_MODES = ("absolute", "relative")
 ZERO_STAGES = (0, 1, 2)
 
 Checkpointing = Union[None, Literal["sqrt"], int]
@@ -32,10 +33,13 @@ class OptimizationConfig:
     """Which training optimizations are on, and their parameters.
 
     Accumulation: a fixed `k` (``adaptive=False``) or variance-aware adaptive accumulation
-    (``adaptive=True``) choosing k in [k_min, k_max] by eq. 6. ``sigma_target`` is the target
-    standard deviation of the accumulated gradient: absolute (``sigma_target_mode="absolute"``,
-    eq. 6 as printed) or relative (``"relative"``: σ_target² = sigma_target² · |G|², which makes
-    eq. 6 the gradient-noise-scale rule k ≈ B_simple / (sigma_target² · b)).
+    (``adaptive=True``) choosing k in [k_min, k_max] by eq. 6 from gradient-noise estimates
+    pooled over the last ``noise_window`` steps (`trainopt_core.accumulation`). ``k_rule`` is the
+    reading of eq. 6: ``"noise_scale"`` (σ_target² = sigma_target² · |G|², so k ≈ B_simple /
+    (sigma_target² · b): k grows with the noise scale as the loss falls) or ``"variance"``
+    (σ_target² = sigma_target², eq. 6 as printed: k is largest while the gradient variance is,
+    early). ``sigma_target=None`` calibrates it from the run's first significant estimate so
+    that eq. 6 gives the starting ``k`` there; a number fixes it.
     """
 
     name: str = "custom"
@@ -45,9 +49,9 @@ class OptimizationConfig:
     adaptive: bool = False
     k_min: int = 1
     k_max: int = 1
-    sigma_target: float = 1.0
-    sigma_target_mode: str = "relative"
-    ema: float = 0.9
+    k_rule: str = "noise_scale"
+    sigma_target: float | None = None
+    noise_window: int = 8
     # schedule (eqs. 10-12)
     schedule: str = "constant"
     warmup_fraction: float = 0.0
@@ -76,12 +80,13 @@ class OptimizationConfig:
                 _fail("k_max", self.k_max, f"an integer >= k_min ({self.k_min})")
             if not (self.k_min <= self.k <= self.k_max):
                 _fail("k", self.k, f"the starting k, within [k_min, k_max] = [{self.k_min}, {self.k_max}]")
-        if not (self.sigma_target > 0 and math.isfinite(self.sigma_target)):
-            _fail("sigma_target", self.sigma_target, "a finite number > 0")
-        if self.sigma_target_mode not in SIGMA_TARGET_MODES:
-            _fail("sigma_target_mode", self.sigma_target_mode, f"one of {SIGMA_TARGET_MODES}")
-        if not (0.0 <= self.ema < 1.0):
-            _fail("ema", self.ema, "a number in [0, 1)")
+        if self.sigma_target is not None and not (
+                isinstance(self.sigma_target, (int, float)) and self.sigma_target > 0 and math.isfinite(self.sigma_target)):
+            _fail("sigma_target", self.sigma_target, "None (calibrated at the first significant estimate) or a finite number > 0")
+        if self.k_rule not in K_RULES:
+            _fail("k_rule", self.k_rule, f"one of {K_RULES}")
+        if not isinstance(self.noise_window, int) or isinstance(self.noise_window, bool) or self.noise_window < 1:
+            _fail("noise_window", self.noise_window, "an integer >= 1 (optimizer steps pooled per noise estimate)")
         if self.schedule not in SCHEDULES:
             _fail("schedule", self.schedule, f"one of {SCHEDULES}")
         if not (0.0 <= self.warmup_fraction < 1.0):
@@ -148,12 +153,20 @@ class OptimizationConfig:
     @classmethod
     def optimized(cls) -> "OptimizationConfig":
         """Paper §IV-B optimized: adaptive k in {4..8}, FP16 with dynamic loss scaling,
-        5% warmup + cosine to 0.1·η, linear LR scaling, clip 1.0, √L checkpointing, ZeRO-2."""
+        5% warmup + cosine to 0.1·η, linear LR scaling, clip 1.0, √L checkpointing, ZeRO-2.
+
+        k starts at k_min and follows the gradient noise scale (``k_rule="noise_scale"``, eq. 6
+        calibrated at the first significant estimate): the batch grows as the loss falls and
+        the gradient's signal shrinks relative to its noise, which is where a larger batch
+        stops wasting samples (McCandlish et al. 2018). The paper's own wording (more
+        accumulation while the variance is high, early) is ``k_rule="variance"`` with k starting
+        at k_max; it grows the batch exactly when the signal-to-noise ratio is highest, so it is
+        offered, not the default."""
         return cls(
             name="optimized",
             precision="fp16",
             k=4, adaptive=True, k_min=4, k_max=8,
-            sigma_target=1.0, sigma_target_mode="relative",
+            k_rule="noise_scale", sigma_target=None,
             schedule="cosine", warmup_fraction=0.05, min_lr_ratio=0.1, lr_scaling=True,
             clip_norm=1.0,
             checkpointing="sqrt",

@@ -25,7 +25,7 @@ import warnings
 import torch
 
 from . import precision as mp
-from .accumulation import GradientNoiseMonitor, NoiseEstimate, choose_k
+from .accumulation import GradientNoiseMonitor, NoiseEstimate, calibrate_sigma_target, choose_k
 from .config import OptimizationConfig
 from .schedule import LRSchedule, clip_gradients, remember_base_lrs, set_lr
 
@@ -68,7 +68,10 @@ class TrainingEngine:
         )
         self.base_lrs = remember_base_lrs(optimizer)
         self.scaler = mp.make_grad_scaler(self.device, config)
-        self.monitor = GradientNoiseMonitor(self.parameters, ema=config.ema) if config.adaptive else None
+        self.monitor = GradientNoiseMonitor(self.parameters, window=config.noise_window) if config.adaptive else None
+        # eq. 6's sigma_target: the configured one, or calibrated at the first significant estimate
+        self.sigma_target: float | None = config.sigma_target
+        self.k_reason = "start" if config.adaptive else "fixed"
 
         self.zero_partitioning = self._zero_partitioning(config.zero_stage, world_size)
         # Under DDP the replicas' item counts are summed before the all-reducing backward, so
@@ -243,15 +246,20 @@ class TrainingEngine:
         # in case the replicas' reduced gradients differ in the last bit -- so all pick the same k.
         grad_sq, micro = self._gather_noise_inputs()
         estimate = self.monitor.finish_step(grad_sq, micro)
-        if estimate is None:
+        if estimate is None or not estimate.significant:
+            # |G|² not known to be positive: eq. 6 would act on noise, so k stays (and says why)
+            self.k_reason = "held: |G|² not significant"
             return
+        if self.sigma_target is None:
+            self.sigma_target = calibrate_sigma_target(estimate, rule=self.config.k_rule, k=self.k)
         self.k = choose_k(
             estimate,
-            sigma_target=self.config.sigma_target,
-            mode=self.config.sigma_target_mode,
+            sigma_target=self.sigma_target,
+            rule=self.config.k_rule,
             k_min=self.config.k_min,
             k_max=self.config.k_max,
         )
+        self.k_reason = "eq. 6"
 
     # ------------------------------------------------------------------ state
     @property
@@ -270,8 +278,8 @@ class TrainingEngine:
 
     @property
     def noise(self) -> NoiseEstimate | None:
-        """EMA-smoothed gradient-noise estimate (adaptive accumulation only)."""
-        return None if self.monitor is None else self.monitor.smoothed
+        """Gradient-noise estimate pooled over the last `noise_window` steps (adaptive only)."""
+        return None if self.monitor is None else self.monitor.pooled
 
     @property
     def b_simple(self) -> float | None:
@@ -289,7 +297,11 @@ class TrainingEngine:
             "grad_norm": self.last_grad_norm,
             "sigma_sq": None if noise is None else noise.sigma_sq,
             "grad_sq": None if noise is None else noise.grad_sq,
+            "grad_sq_half_width": None if noise is None or math.isnan(noise.grad_sq_half_width) else noise.grad_sq_half_width,
             "b_simple": None if noise is None or math.isinf(noise.b_simple) else noise.b_simple,
+            "noise_significant": None if noise is None else noise.significant,
+            "k_reason": self.k_reason,
+            "sigma_target": self.sigma_target,
             "samples_consumed": self.samples_consumed,
         }
 
