@@ -270,9 +270,11 @@ pd.Series(reporting.paper_claims()["error_analysis"]["impact_share_by_phase"], n
     md("""
 ## By training phase
 
-Each run's per-step clock gives the time it needed for the early, middle and late third of the
-training samples; the speedup per phase and each phase's share of the total time saved show
-whether the gains concentrate early (when gradient noise is high and adaptive k is largest).
+Phases are defined on the baseline's converging quality curve (seed mean): **early** until it has
+made half of its whole improvement, **middle** until 90 %, **late** the approach to the plateau
+(`analysis.convergence_phases`; perplexity counts in loss, i.e. on the log scale). Each run's
+per-step clock gives the time it needed for each phase's samples; the speedup per phase and each
+phase's share of the total time saved show whether the gains concentrate early, as the paper says.
 """),
     code('''for task in tasks:
     publish_table(analysis.phase_speedups(records, task), paths, table_name("phases", task),
@@ -334,9 +336,14 @@ publish_table(pd.DataFrame(rows), paths, "eq21_decomposition", "Eq. 21 decomposi
     md("""
 ## Adaptive k and the gradient-noise trajectory
 
-Variance-aware accumulation (eqs. 6-7) picks k from the smoothed gradient-noise scale
-B_simple = tr(Σ) / |G|²: the larger the noise relative to the signal, the larger the effective
-batch that still makes progress per sample.
+Variance-aware accumulation (eqs. 6-7) estimates the micro-batch gradient variance σ² and the
+gradient's |G|² each step, pools the last few steps, and acts only when the pooled |G|² is
+significantly positive (its 95 % interval above zero); otherwise k is held and the step says so
+(hollow markers). The default rule follows the gradient-noise scale B_simple = tr(Σ) / |G|²
+(eq. 6 with a relative σ_target, calibrated so the first significant estimate keeps the starting
+k): the larger the noise relative to the signal, the larger the effective batch that still makes
+progress per sample. The table gives k, B_simple and the share of significant estimates per
+phase of the baseline's curve.
 """),
     code('''for task in tasks:
     display(publish_figure(figures.noise_trajectory(records, task, configs=["optimized"]), paths,

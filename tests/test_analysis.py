@@ -25,17 +25,44 @@ def with_clock(record, seconds_per_step):
 
 
 # ------------------------------------------------------------------ phases
-def test_phase_speedups_split_time_saved_by_thirds_of_the_samples():
-    base = with_clock(make_record(config="baseline"), [1.0] * 6)
+def with_curve(record, samples, qualities):
+    record["history"] = [dict(record["history"][0], samples=s, quality=q) for s, q in zip(samples, qualities)]
+    return record
+
+
+def test_convergence_phases_end_at_half_and_90_percent_of_the_baseline_improvement():
+    samples = list(range(0, 601, 50))
+    seeds = [with_curve(make_record(config="baseline", seed=seed), samples,
+                        [0.1 + 0.8 * (1 - math.exp(-s / 100)) + 0.01 * seed for s in samples]) for seed in (0, 1)]
+    edges = analysis.convergence_phases(seeds, "cifar10")
+    # progress(s) = (1 - e^(-s/100)) / (1 - e^-6): 50 % near s = 69, 90 % near s = 230 (linear between evaluations)
+    assert edges[0] == 0 and edges[-1] == 600
+    assert edges[1] == pytest.approx(100 * -math.log(1 - 0.5 * (1 - math.exp(-6))), abs=6)
+    assert edges[2] == pytest.approx(100 * -math.log(1 - 0.9 * (1 - math.exp(-6))), abs=10)
+    # perplexity: progress in loss (log perplexity), falling curve
+    text = [with_curve(make_record(task="wikitext2", config="baseline"), samples,
+                       [math.exp(2 + 6 * math.exp(-s / 100)) for s in samples])]
+    text_edges = analysis.convergence_phases(text, "wikitext2")
+    assert text_edges[1] == pytest.approx(edges[1], abs=6) and text_edges[2] == pytest.approx(edges[2], abs=10)
+    assert analysis.convergence_phases(seeds, "wikitext2") is None  # no baseline of that task
+
+
+def test_phase_speedups_split_time_saved_by_phases_of_the_baseline_curve():
+    samples = [0, 48, 96, 144, 192]
+    base = with_curve(with_clock(make_record(config="baseline"), [1.0] * 6), samples, [0.1, 0.3, 0.5, 0.7, 0.9])
     opt = with_clock(make_record(config="optimized"), [0.5, 0.5, 0.75, 0.75, 1.0, 1.0])
     table = analysis.phase_speedups([base, opt], "cifar10").set_index("phase")
     assert list(table.index) == ["early", "middle", "late"]
-    assert table.loc["early", "baseline_s"] == pytest.approx(2.0)
-    assert table.loc["early", "optimized_s"] == pytest.approx(1.0)
-    assert table.loc["early", "speedup"] == pytest.approx(2.0)
-    # saved: early 1.0 s, middle 0.5 s, late 0 s
-    assert table.loc["early", "share_of_time_saved"] == pytest.approx(2 / 3)
+    # linear curve: phases end at 50 % and 90 % of the samples (96, 172.8)
+    assert table["samples_to"].tolist() == [96, 173, 192]
+    assert table["baseline_s"].tolist() == pytest.approx([3.0, 2.4, 0.6])
+    assert table["optimized_s"].tolist() == pytest.approx([1.75, 2.15, 0.6])
+    assert table.loc["early", "speedup"] == pytest.approx(3.0 / 1.75)
+    # saved: early 1.25 s, middle 0.25 s, late 0 s
+    assert table.loc["early", "share_of_time_saved"] == pytest.approx(1.25 / 1.5)
     assert table["share_of_time_saved"].sum() == pytest.approx(1.0)
+    thirds = analysis.phase_speedups([base, opt], "cifar10", num_phases=2)
+    assert thirds["baseline_s"].tolist() == pytest.approx([3.0, 3.0])
 
 
 def test_time_at_samples_interpolates_the_step_clock():
@@ -73,11 +100,19 @@ def test_eq21_predicts_net_speedup_from_gain_and_recompute_overhead():
     assert direct["paper_net_speedup"] == 1.27
 
 
-def test_noise_by_phase_averages_k_and_b_simple_per_third_of_the_steps():
+def test_noise_by_phase_averages_k_and_b_simple_per_phase():
     record = with_clock(make_record(config="optimized"), [1.0] * 6)  # k = 4,5,6,4,5,6; B = 10..60
-    table = analysis.noise_by_phase([record], "cifar10").set_index("phase")
+    for i, step in enumerate(record["steps"]):
+        step["noise_significant"] = i >= 2
+    table = analysis.noise_by_phase([record], "cifar10").set_index("phase")  # no baseline: thirds of the steps
     assert table.loc["early", "mean_k"] == pytest.approx(4.5)
     assert table.loc["late", "median_b_simple"] == pytest.approx(55.0)
+    assert table.loc["early", "significant_share"] == 0 and table.loc["late", "significant_share"] == 1
+    # with a baseline curve: steps by the phase of the samples they started at (0-96, 96-172.8, 172.8-192)
+    base = with_curve(make_record(config="baseline"), [0, 48, 96, 144, 192], [0.1, 0.3, 0.5, 0.7, 0.9])
+    table = analysis.noise_by_phase([record, base], "cifar10", configs=["optimized"]).set_index("phase")
+    assert table["steps"].tolist() == [3, 3, 0]
+    assert table.loc["middle", "mean_k"] == pytest.approx(5.0)
 
 
 def test_memory_by_category_compares_with_the_baseline():

@@ -6,7 +6,7 @@
   category, activation bytes by module type, the recomputation overhead of checkpointing.
 """
 from .gains import (
-    PHASES, architecture_patterns, component_contributions, eq21_decomposition, memory_by_category,
+    PHASES, architecture_patterns, convergence_phases, component_contributions, eq21_decomposition, memory_by_category,
     noise_by_phase, phase_speedups, phase_times, time_at_samples,
 )
 from .profiling import (
@@ -15,7 +15,7 @@ from .profiling import (
 )
 
 __all__ = [
-    "OPTIMIZER_REGION", "OP_CATEGORIES", "PHASES", "activation_bytes_by_module_type", "architecture_patterns",
+    "OPTIMIZER_REGION", "OP_CATEGORIES", "PHASES", "activation_bytes_by_module_type", "architecture_patterns", "convergence_phases",
     "component_contributions", "eq21_decomposition", "measure_recompute_overhead", "memory_by_category",
     "noise_by_phase", "op_category", "phase_speedups", "phase_times", "profile_operations",
     "profile_training_steps", "task_activation_memory", "time_at_samples", "time_forward_backward_s",

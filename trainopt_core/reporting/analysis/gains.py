@@ -1,8 +1,10 @@
 """Error analysis from run records (paper §V-D): where the gains come from.
 
-- by training phase: the time each configuration needs for the early / middle / late third of
-  the training samples, from the records' per-step clocks, and each phase's share of the time
-  saved (the paper: 35 % of the improvement in early training);
+- by training phase: the time each configuration needs for the early / middle / late phase of
+  training, from the records' per-step clocks, and each phase's share of the time saved (the
+  paper: 35 % of the improvement in early training). Phases are defined on the baseline's
+  converging quality curve (`convergence_phases`): early = its first half of the improvement,
+  middle = up to 90 % of it, late = the approach to the plateau;
 - by component: leave-one-out -- what removing each component from the optimized
   configuration costs in throughput and memory (the paper: mixed precision is the CNN's best
   component, activation checkpointing the transformer's);
@@ -25,6 +27,8 @@ from ..results import aggregate, paper_claims
 from ..verdicts import relative_change
 
 PHASES = ("early", "middle", "late")
+# fractions of the baseline's total improvement that end the early and the middle phase
+PHASE_IMPROVEMENT_FRACTIONS = (0.5, 0.9)
 
 
 def _fail(argument: str, value, allowed: str) -> None:
@@ -47,33 +51,72 @@ def time_at_samples(record: dict, samples: np.ndarray) -> np.ndarray:
     return np.interp(samples, consumed, clock_s)
 
 
-def phase_times(record: dict, num_phases: int = 3, total_samples: float | None = None) -> list[float]:
-    """Seconds spent on each of `num_phases` equal slices of the training samples."""
-    if not isinstance(num_phases, int) or num_phases < 1:
-        _fail("num_phases", num_phases, "an integer >= 1")
-    total = total_samples or record["steps"][-1]["samples_consumed"]
-    edges = time_at_samples(record, np.linspace(0.0, total, num_phases + 1))
-    return list(np.diff(edges))
+def phase_times(record: dict, num_phases: int = 3, total_samples: float | None = None,
+                edges: list[float] | None = None) -> list[float]:
+    """Seconds spent on each phase: between consecutive sample counts `edges`, or on
+    `num_phases` equal slices of the training samples when no edges are given."""
+    if edges is None:
+        if not isinstance(num_phases, int) or num_phases < 1:
+            _fail("num_phases", num_phases, "an integer >= 1")
+        total = total_samples or record["steps"][-1]["samples_consumed"]
+        edges = np.linspace(0.0, total, num_phases + 1)
+    return list(np.diff(time_at_samples(record, np.asarray(edges, dtype=float))))
+
+
+def convergence_phases(records: list[dict], task: str, *, baseline: str = "baseline",
+                       fractions=PHASE_IMPROVEMENT_FRACTIONS) -> list[float] | None:
+    """Sample counts [0, end of early, end of middle, end of run] where the seed-mean baseline
+    quality curve has made `fractions` (default 50 % and 90 %) of its whole improvement
+    (perplexity on the log scale, i.e. in loss). None without baseline records."""
+    base = [r for r in _pick(records, task, baseline) if len(r.get("history") or []) >= 2]
+    if not base:
+        return None
+    grid = np.array([h["samples"] for h in base[0]["history"]], dtype=float)
+    curves = [np.interp(grid, [h["samples"] for h in r["history"]], [h["quality"] for h in r["history"]]) for r in base]
+    curve = np.mean(curves, axis=0)
+    if not base[0].get("higher_is_better", task == "cifar10"):
+        curve = -np.log(curve)  # lower perplexity is better: progress in loss
+    progress = (curve - curve[0]) / (curve[-1] - curve[0]) if curve[-1] != curve[0] else np.zeros_like(curve)
+    progress = np.maximum.accumulate(progress)  # the first time a fraction was reached
+    edges = [0.0]
+    for fraction in fractions:
+        i = int(np.argmax(progress >= fraction))
+        if i == 0:
+            edges.append(grid[0])
+            continue
+        # interpolate between the evaluations that bracket the crossing
+        x0, x1, p0, p1 = grid[i - 1], grid[i], progress[i - 1], progress[i]
+        edges.append(float(x0 + (fraction - p0) / (p1 - p0) * (x1 - x0)) if p1 > p0 else float(x1))
+    edges.append(float(grid[-1]))
+    return edges
 
 
 def phase_speedups(records: list[dict], task: str, *, baseline: str = "baseline", optimized: str = "optimized",
                    num_phases: int = 3) -> pd.DataFrame:
-    """Per training phase (equal thirds of the samples both runs consumed): mean seconds of the
-    baseline and the optimized configuration over seeds, the speedup and the phase's share of
-    the total time saved."""
+    """Per training phase: mean seconds of the baseline and the optimized configuration over
+    seeds, the speedup and the phase's share of the total time saved. The three phases are
+    `convergence_phases` of the baseline curve (equal slices of the samples when
+    `num_phases` != 3 or the records have no curve)."""
     base, opt = _pick(records, task, baseline), _pick(records, task, optimized)
+    columns = ["phase", "samples_from", "samples_to", "baseline_s", "optimized_s", "speedup", "share_of_time_saved"]
     if not base or not opt:
-        return pd.DataFrame(columns=["phase", "baseline_s", "optimized_s", "speedup", "share_of_time_saved"])
+        return pd.DataFrame(columns=columns)
     total = min(r["steps"][-1]["samples_consumed"] for r in base + opt if r.get("steps"))
-    base_s = np.mean([phase_times(r, num_phases, total) for r in base], axis=0)
-    opt_s = np.mean([phase_times(r, num_phases, total) for r in opt], axis=0)
+    edges = convergence_phases(records, task, baseline=baseline) if num_phases == 3 else None
+    if edges is None:
+        edges = list(np.linspace(0.0, total, num_phases + 1))
+    edges = [min(e, total) for e in edges]
+    base_s = np.mean([phase_times(r, edges=edges) for r in base], axis=0)
+    opt_s = np.mean([phase_times(r, edges=edges) for r in opt], axis=0)
     saved = base_s - opt_s
     names = PHASES if num_phases == 3 else [f"phase {i + 1}" for i in range(num_phases)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speedup = base_s / opt_s
     return pd.DataFrame(dict(
-        phase=names, samples_from=np.linspace(0, total, num_phases + 1)[:-1].round(), baseline_s=base_s,
-        optimized_s=opt_s, speedup=base_s / opt_s,
+        phase=names, samples_from=np.round(edges[:-1]), samples_to=np.round(edges[1:]), baseline_s=base_s,
+        optimized_s=opt_s, speedup=speedup,
         share_of_time_saved=saved / saved.sum() if saved.sum() != 0 else np.full(num_phases, math.nan),
-    ))
+    ), columns=columns)
 
 
 # ------------------------------------------------------------------ by component
@@ -186,21 +229,36 @@ def eq21_decomposition(records: list[dict], task: str, *, recompute_overhead: fl
 
 # ------------------------------------------------------------------ adaptive k / noise
 def noise_by_phase(records: list[dict], task: str, *, configs=None, num_phases: int = 3) -> pd.DataFrame:
-    """Mean accumulation steps k, effective batch and gradient-noise scale B_simple per
-    training phase (equal thirds of the optimizer steps), per configuration."""
+    """Mean accumulation steps k, effective batch, gradient-noise scale B_simple (median) and
+    the share of steps whose noise estimate was significant, per training phase and
+    configuration. Phases as in `phase_speedups`: the baseline curve's `convergence_phases`
+    (equal thirds of the optimizer steps when there is none or `num_phases` != 3)."""
+    edges = convergence_phases(records, task) if num_phases == 3 else None
     rows = []
     for r in records:
         if r["task"] != task or (configs is not None and r["config_name"] not in configs) or not r.get("steps"):
             continue
-        for index, chunk in enumerate(np.array_split(np.arange(len(r["steps"])), num_phases)):
+        if edges is not None:
+            consumed = np.array([s["samples_consumed"] for s in r["steps"]], dtype=float)
+            # a step belongs to the phase in which it started
+            started = np.concatenate([[0.0], consumed[:-1]])
+            phase_of = np.clip(np.searchsorted(edges, started, side="right") - 1, 0, num_phases - 1)
+            chunks = [np.flatnonzero(phase_of == i) for i in range(num_phases)]
+        else:
+            chunks = np.array_split(np.arange(len(r["steps"])), num_phases)
+        for index, chunk in enumerate(chunks):
             steps = [r["steps"][i] for i in chunk]
             noise = [s["b_simple"] for s in steps if s.get("b_simple") is not None]
+            significant = [s["noise_significant"] for s in steps if s.get("noise_significant") is not None]
             rows.append(dict(config=r["config_name"], seed=r.get("seed"),
                              phase=PHASES[index] if num_phases == 3 else f"phase {index + 1}",
+                             steps=len(steps),
                              mean_k=np.mean([s["k"] for s in steps]) if steps else math.nan,
                              mean_effective_batch=np.mean([s["effective_batch_size"] for s in steps]) if steps else math.nan,
-                             median_b_simple=float(np.median(noise)) if noise else math.nan))
-    frame = pd.DataFrame(rows, columns=["config", "seed", "phase", "mean_k", "mean_effective_batch", "median_b_simple"])
+                             median_b_simple=float(np.median(noise)) if noise else math.nan,
+                             significant_share=float(np.mean(significant)) if significant else math.nan))
+    values = ["steps", "mean_k", "mean_effective_batch", "median_b_simple", "significant_share"]
+    frame = pd.DataFrame(rows, columns=["config", "seed", "phase", *values])
     if frame.empty:
         return frame
-    return frame.groupby(["config", "phase"], sort=False)[["mean_k", "mean_effective_batch", "median_b_simple"]].mean().reset_index()
+    return frame.groupby(["config", "phase"], sort=False)[values].mean().reset_index()
