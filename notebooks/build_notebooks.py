@@ -235,7 +235,7 @@ records = run_grid(scaling_tasks, ["baseline", "optimized"], seeds=1, profile=pr
 scaling = {}
 for task in scaling_tasks if measure_scaling is not None else []:
     rows = measure_scaling(task, profile, configs=["baseline", "optimized"], data_policy=data_policy,
-                           out_dir=paths.timing, progress=False)
+                           rounds=max(2, int(seeds)), out_dir=paths.timing, progress=False)
     scaling[task] = tables.scaling_table(rows, task=task)
     publish_table(scaling[task], paths, table_name("table4_scaling", task),
                   f"Table IV analogue (scaling): {TASK_LABELS[task]['description']}", records_of(records, task),

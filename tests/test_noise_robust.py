@@ -9,7 +9,8 @@ import pytest
 
 from trainopt_core import measure
 from trainopt_core.reporting import agreement
-from trainopt_core.reproduction import measure_throughput, throughput_path
+from trainopt_core.reproduction import get_profile, measure_throughput, throughput_path
+from trainopt_core.reproduction.throughput import timing_windows
 
 
 # ------------------------------------------------------------------ statistics
@@ -80,25 +81,49 @@ def test_interleaved_windows_take_turns_and_rotate_the_order():
 # ------------------------------------------------------------------ the throughput record
 def test_throughput_record_is_interleaved_and_reused_only_under_the_same_conditions(tmp_path):
     configs = ["baseline", "+zero2"]
-    record = measure_throughput("wikitext2", configs, profile="smoke", out_dir=tmp_path, data_policy="standin",
-                                progress=False)
+    record = measure_throughput("wikitext2", configs, profile="smoke", seeds=1, out_dir=tmp_path,
+                                data_policy="standin", progress=False)
     assert record["configs"] == configs and record["windows"] == 2
     for name in configs:
         result = record["results"][name]
         assert len(result["items_per_s"]) == 2 and all(r > 0 for r in result["items_per_s"])
         assert result["samples_per_s"][0] == pytest.approx(result["items_per_s"][0] / result["items_per_sample"])
     assert record["conditions"]["data_policy"] == "standin" and record["conditions"]["world_size"] == 1
-    again = measure_throughput("wikitext2", ["baseline"], profile="smoke", out_dir=tmp_path, data_policy="standin",
-                               progress=False)
+    again = measure_throughput("wikitext2", ["baseline"], profile="smoke", seeds=1, out_dir=tmp_path,
+                               data_policy="standin", progress=False)
     assert again == json.loads(json.dumps(record))  # a subset of what was timed: reused
     stale = json.loads(throughput_path(tmp_path, "wikitext2").read_text())
     stale["conditions"]["hardware"] = {"gpu_name": "NVIDIA A100-SXM4-80GB", "gpu_count": 1}
     throughput_path(tmp_path, "wikitext2").write_text(json.dumps(stale))
-    remeasured = measure_throughput("wikitext2", ["baseline"], profile="smoke", out_dir=tmp_path,
+    remeasured = measure_throughput("wikitext2", ["baseline"], profile="smoke", seeds=1, out_dir=tmp_path,
                                     data_policy="standin", progress=False)
     assert remeasured["configs"] == ["baseline"] and remeasured["conditions"] == record["conditions"]
     with pytest.raises(ValueError, match="configs"):
         measure_throughput("wikitext2", [], profile="smoke", out_dir=tmp_path)
+
+
+def test_timing_windows_grow_with_seeds_and_twins_are_timed_once(tmp_path):
+    """Windows = timing_windows_per_seed x seeds (at least 2); a configuration whose computation
+    equals an earlier one's (+zero2 and +checkpointing on one process) is not timed again."""
+    quick = get_profile("cifar10", "quick")
+    assert timing_windows(quick, 1) == quick.timing_windows_per_seed
+    assert timing_windows(quick, 3) == 3 * quick.timing_windows_per_seed
+    assert timing_windows(get_profile("cifar10", "smoke"), 1) == 2
+    with pytest.raises(ValueError, match="seeds"):
+        timing_windows(quick, 0)
+    configs = ["baseline", "+checkpointing", "+zero2"]
+    record = measure_throughput("wikitext2", configs, profile="smoke", seeds=3, out_dir=tmp_path,
+                                data_policy="standin", progress=False)
+    assert record["windows"] == 3 and record["seeds"] == 3
+    twin, timed = record["results"]["+zero2"], record["results"]["+checkpointing"]
+    assert twin["timed_as"] == "+checkpointing" and twin["items_per_s"] == timed["items_per_s"]
+    assert "timed_as" not in timed and any("timed as" in note for note in twin["notes"])
+    again = measure_throughput("wikitext2", configs, profile="smoke", seeds=3, out_dir=tmp_path,
+                               data_policy="standin", progress=False)
+    assert again == json.loads(json.dumps(record))
+    fewer = measure_throughput("wikitext2", configs, profile="smoke", seeds=1, out_dir=tmp_path,
+                               data_policy="standin", progress=False)
+    assert fewer["windows"] == 2  # another window count: measured again
 
 
 # ------------------------------------------------------------------ rerun agreement

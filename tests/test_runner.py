@@ -112,14 +112,14 @@ def test_timing_window_settings_do_not_invalidate_a_training_run(smoke_records, 
     path = run_records.record_path(out, "wikitext2", OptimizationConfig.baseline(), "smoke", 0)
     original = path.read_text()
     made = json.loads(original)
-    made["conditions"]["profile_settings"] = dict(made["conditions"]["profile_settings"], timing_windows=99,
+    made["conditions"]["profile_settings"] = dict(made["conditions"]["profile_settings"], timing_windows_per_seed=99,
                                                   timing_steps_per_window=99)
     path.write_text(json.dumps(made))
     monkeypatch.setattr(runner, "prepare", retrain)
     try:
         reused = runner.run("wikitext2", "baseline", profile="smoke", seed=0, out_dir=out, data_policy="standin",
                             progress=False)
-        assert reused["conditions"]["profile_settings"]["timing_windows"] == 99
+        assert reused["conditions"]["profile_settings"]["timing_windows_per_seed"] == 99
         current = json.loads(original)["conditions"]
         assert run_records.condition_differences(made, current) == ["profile_settings"]
         assert run_records.condition_differences(made, current, ignore_settings=TIMING_ONLY_SETTINGS) == []

@@ -133,7 +133,7 @@ def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_
     for task in parse_tasks(tasks):
         start = time.perf_counter()
         timing = measure_throughput(task, list(dict.fromkeys([*TABLE_CONFIGS, *configs])), profile=profile,
-                                    out_dir=paths.timing, data_policy=data_policy, progress=False, **timing_options)
+                                    seeds=len(parse_seeds(seeds)), out_dir=paths.timing, data_policy=data_policy, progress=False, **timing_options)
         base = timing["results"]["baseline"]["summary"]
         print(f"{task:9s} throughput: {len(timing['configs'])} configurations x {timing['windows']} interleaved "
               f"windows; baseline {base['mean']:.4g} {timing['results']['baseline']['item_unit']} "

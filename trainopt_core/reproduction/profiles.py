@@ -36,9 +36,11 @@ class TaskProfile:
     betas: tuple = (0.9, 0.999)
     throughput_warmup_steps: int = 2
     # Throughput (reproduction.throughput): every configuration a table compares is timed in
-    # `timing_windows` windows of `timing_steps_per_window` optimizer steps, interleaved in one
-    # process, after `throughput_warmup_steps` untimed steps each.
-    timing_windows: int = 8
+    # windows of `timing_steps_per_window` optimizer steps, interleaved in one process, after
+    # `throughput_warmup_steps` untimed steps each. The number of windows grows with the seeds
+    # asked for (`timing_windows_per_seed` x seeds, at least 2): `--seeds` is the one knob for how
+    # much repetition, and so how narrow every interval, a reproduction pays for.
+    timing_windows_per_seed: int = 3
     timing_steps_per_window: int = 2
     cpu_reduced_precision: str = "bf16"   # fp16 autocast is slow on CPU (SPEC §3)
     standin_sizes: dict = field(default_factory=dict)  # stand-in data set sizes
@@ -79,19 +81,19 @@ _PROFILES = {
     ("cifar10", "paper"): _task(
         "cifar10", "paper",
         baseline_batch_size=128, train_samples=None, epochs=30, eval_every_samples=50_000,
-        eval_samples=10_000, lr=1e-4, target=0.85, throughput_warmup_steps=20, timing_windows=10,
+        eval_samples=10_000, lr=1e-4, target=0.85, throughput_warmup_steps=20, timing_windows_per_seed=4,
         timing_steps_per_window=10,
     ),
     ("wikitext2", "paper"): _task(
         "wikitext2", "paper",
         baseline_batch_size=32, train_samples=None, epochs=20, eval_every_samples=2_000,
-        eval_samples=240, lr=1e-4, target=45.0, throughput_warmup_steps=20, timing_windows=10,
+        eval_samples=240, lr=1e-4, target=45.0, throughput_warmup_steps=20, timing_windows_per_seed=4,
         timing_steps_per_window=10,
     ),
     ("cifar10", "quick"): _task(
         "cifar10", "quick",
         baseline_batch_size=128, train_samples=8_000, epochs=2, eval_every_samples=2_000,
-        eval_samples=1_000, lr=2e-3, target=0.20, timing_windows=12, timing_steps_per_window=6,
+        eval_samples=1_000, lr=2e-3, target=0.20, timing_windows_per_seed=4, timing_steps_per_window=6,
         standin_sizes=dict(standin_train_size=8_000, standin_test_size=1_000),
     ),
     ("wikitext2", "quick"): _task(
@@ -102,7 +104,7 @@ _PROFILES = {
     ("cifar10", "smoke"): _task(
         "cifar10", "smoke",
         baseline_batch_size=32, train_samples=256, epochs=1, eval_every_samples=128,
-        eval_samples=128, lr=2e-3, target=0.12, throughput_warmup_steps=1, timing_windows=2,
+        eval_samples=128, lr=2e-3, target=0.12, throughput_warmup_steps=1, timing_windows_per_seed=1,
         timing_steps_per_window=1,
         standin_sizes=dict(standin_train_size=512, standin_test_size=256),
     ),

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from .. import measure
 from ..distributed import find_free_port
 from .profiles import get_profile
-from .records import RECORD_SCHEMA, condition_differences, load_record, run_conditions, write_record
+from .records import RECORD_SCHEMA, computation_hash, condition_differences, load_record, run_conditions, write_record
 from .runner import build_engine, one_optimizer_step, resolve_config
 from .tasks import build_task
 
@@ -42,16 +42,27 @@ def load_throughput(out_dir: str | os.PathLike, task: str) -> dict | None:
     return record if record is not None and record.get("kind") == TIMING_KIND else None
 
 
-def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int = 0,
+def timing_windows(prof, seeds: int) -> int:
+    """Windows per configuration for a reproduction of `seeds` seeds (at least 2, for a CI)."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds={seeds!r} is invalid: allowed an integer >= 1")
+    return max(2, prof.timing_windows_per_seed * seeds)
+
+
+def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int = 0, seeds: int = 3,
                        out_dir: str | os.PathLike = "reports/quick/timing", device: str | None = None,
                        backend: str = "torch", data_policy: str = "auto", data_dir=None, rerun: bool = False,
                        progress: bool = True) -> dict:
-    """Items/s and samples/s of every configuration in `configs`, in the profile's interleaved
-    timing windows; returns (and writes) the throughput record."""
+    """Items/s and samples/s of every configuration in `configs`, in interleaved timing windows
+    (`timing_windows(profile, seeds)` of them); returns (and writes) the throughput record.
+
+    Configurations that compute exactly the same (`records.computation_hash`: a ZeRO rung and
+    its ZeRO-0 twin on one process) are timed once; the twin's result says so."""
     configs = list(dict.fromkeys(configs))
     if not configs:
         raise ValueError("configs=[] is invalid: allowed a non-empty list of configuration names")
     prof = get_profile(task, profile)
+    windows = timing_windows(prof, seeds)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     path = throughput_path(out_dir, task)
     owns_group = backend == "deepspeed" and not torch.distributed.is_initialized()
@@ -59,10 +70,16 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
         os.environ.setdefault("LOCAL_RANK", "0")
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                              init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+    twin_of: dict[str, str] = {}  # configuration -> the configuration timed for it
+    first_by_computation: dict[str, str] = {}
+    for name in configs:
+        cfg, _ = resolve_config(name, prof, device)
+        computation = computation_hash(cfg, world_size=1, backend=backend)
+        twin_of[name] = first_by_computation.setdefault(computation, name)
     workloads: dict[str, _Workload] = {}
     conditions = None
     try:
-        for name in configs:
+        for name in dict.fromkeys(twin_of.values()):
             workload = workloads[name] = _Workload(task, prof, name, device=device, backend=backend,
                                                    data_policy=data_policy, data_dir=data_dir, seed=seed)
             if conditions is None:
@@ -71,10 +88,9 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
                                             profile_settings=prof.to_dict())
                 existing = None if rerun else load_throughput(out_dir, task)
                 if (existing is not None and not condition_differences(existing, conditions)
-                        and set(configs) <= set(existing["results"])):
+                        and existing.get("windows") == windows and set(configs) <= set(existing["results"])):
                     return existing
-        windows = prof.timing_windows
-        bar = tqdm(total=windows * len(configs), desc=f"{task} throughput windows", unit="window",
+        bar = tqdm(total=windows * len(workloads), desc=f"{task} throughput windows", unit="window",
                    disable=not progress, leave=False)
         rates = measure.interleaved_windows(
             {name: w.step for name, w in workloads.items()}, windows=windows,
@@ -100,9 +116,14 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
             mean_k=sum(workload.ks) / len(workload.ks),
             notes=workload.notes,
         )
+    for name, timed in twin_of.items():
+        if name != timed:
+            results[name] = dict(results[timed], timed_as=timed, notes=[
+                *results[timed]["notes"], f"timed as {timed!r}: on one process with the torch engine "
+                f"ZeRO partitions nothing, so both compute exactly the same"])
     record = dict(
         schema=RECORD_SCHEMA, status="complete", kind=TIMING_KIND, task=task, profile=profile, seed=seed,
-        configs=configs, conditions=conditions, windows=prof.timing_windows,
+        configs=configs, conditions=conditions, windows=windows, seeds=seeds,
         steps_per_window=prof.timing_steps_per_window, warmup_steps=prof.throughput_warmup_steps,
         order="interleaved: one window per configuration per round, the order rotating each round",
         results=results, manifest=measure.run_manifest(profile=profile, device=device),
@@ -139,4 +160,4 @@ class _Workload:
             self.engine.close()
 
 
-__all__ = ["load_throughput", "measure_throughput", "throughput_path"]
+__all__ = ["load_throughput", "measure_throughput", "throughput_path", "timing_windows"]
