@@ -20,6 +20,7 @@ def test_target_is_the_mean_curve_at_80_percent_rounded_easier_and_checks_pass_o
     at_80 = float(np.interp(9600, SAMPLES, saturating(SAMPLES, 0.85, 3e-4)))
     assert result["target"] == math.floor(at_80 * 200) / 200 and result["target"] <= at_80
     assert all(0.7 <= s["crossing_fraction"] <= 0.9 for s in result["seeds"])
+    assert 0.75 <= result["mean_crossing_fraction"] <= 0.8
     assert all(s["evaluations_before_crossing"] >= 8 for s in result["seeds"])
     assert result["ok"], result["checks"]
 
@@ -39,6 +40,14 @@ def test_perplexity_targets_round_up_and_cross_from_above():
     mean_at_80 = float(np.interp(9600, SAMPLES, [4000 * math.exp(-5e-4 * s) + 60 for s in SAMPLES]))
     assert mean_at_80 <= result["target"] < mean_at_80 + 1  # 3 significant digits, rounded up
     assert all(s["crossing_samples"] is not None for s in result["seeds"])
+
+
+def test_a_seed_that_never_reaches_the_target_fails_the_crossing_check():
+    slow = [(SAMPLES, saturating(SAMPLES, 0.85, 3e-4)), (SAMPLES, saturating(SAMPLES, 0.85, 3e-4)),
+            (SAMPLES, saturating(SAMPLES, 0.60, 3e-4))]
+    result = choose_target(slow, higher_is_better=True)
+    assert result["seeds"][2]["crossing_fraction"] is None
+    assert not result["checks"]["the seed-mean curve crosses within 70%-90% of the run, every seed before its end"]
 
 
 def test_bad_curves_are_refused_by_name():

@@ -41,6 +41,14 @@ def test_scaled_down_resnet_keeps_the_block_sequence_and_classifies_32px_images(
     assert models.count_parameters(model) < models.count_parameters(models.build_model("resnet", "quick"))
 
 
+def test_resnet_residual_branches_start_as_identity_unless_asked_otherwise():
+    model = models.resnet_cifar((1, 1, 1, 1), width=4)
+    assert all(torch.count_nonzero(block.bn3.weight) == 0 for block in model.checkpoint_blocks)
+    assert all(torch.all(block.bn1.weight == 1) for block in model.checkpoint_blocks)
+    plain = models.CifarResNet((1, 1, 1, 1), 4, zero_init_residual=False)
+    assert all(torch.all(block.bn3.weight == 1) for block in plain.checkpoint_blocks)
+
+
 def test_checkpointing_adapter_finds_the_resnet_blocks():
     from trainopt_core.checkpointing import block_sequence
 

@@ -10,9 +10,10 @@ only where that file has none. The paper profile keeps the paper's targets.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from .calibrate import load_targets
 from .models import MODEL_SIZES
 
 PROFILES = ("smoke", "quick", "paper")
@@ -67,7 +68,7 @@ class TaskProfile:
 
 # Settings only the interleaved throughput timing reads: a training run or a scaling launch
 # made under other values of these did exactly the same, so its record stays reusable.
-TIMING_ONLY_SETTINGS = ("timing_windows", "timing_steps_per_window")
+TIMING_ONLY_SETTINGS = ("timing_windows_per_seed", "timing_steps_per_window")
 
 
 def _task(task: str, profile: str, **settings) -> TaskProfile:
@@ -92,14 +93,14 @@ _PROFILES = {
     ),
     ("cifar10", "quick"): _task(
         "cifar10", "quick",
-        baseline_batch_size=128, train_samples=8_000, epochs=2, eval_every_samples=2_000,
-        eval_samples=1_000, lr=2e-3, target=0.20, timing_windows_per_seed=4, timing_steps_per_window=6,
+        baseline_batch_size=128, train_samples=8_000, epochs=2, eval_every_samples=1_280,
+        eval_samples=500, lr=5e-3, target=0.75, timing_windows_per_seed=4, timing_steps_per_window=6,
         standin_sizes=dict(standin_train_size=8_000, standin_test_size=1_000),
     ),
     ("wikitext2", "quick"): _task(
         "wikitext2", "quick",
-        baseline_batch_size=16, train_samples=800, epochs=1, eval_every_samples=200,
-        eval_samples=64, lr=1e-3, target=250.0, compact_vocab=True, timing_steps_per_window=4,
+        baseline_batch_size=16, train_samples=800, epochs=2, eval_every_samples=128,
+        eval_samples=64, lr=1e-3, target=100.0, compact_vocab=True, timing_steps_per_window=4,
     ),
     ("cifar10", "smoke"): _task(
         "cifar10", "smoke",
@@ -112,7 +113,7 @@ _PROFILES = {
         "wikitext2", "smoke",
         baseline_batch_size=8, train_samples=64, epochs=1, eval_every_samples=32,
         eval_samples=16, lr=1e-3, target=4_500.0, throughput_warmup_steps=1, compact_vocab=True,
-        timing_windows=2, timing_steps_per_window=1,
+        timing_windows_per_seed=1, timing_steps_per_window=1,
     ),
 }
 
@@ -125,6 +126,18 @@ def get_profile(task: str, profile: str) -> TaskProfile:
     prof = _PROFILES[(task, profile)]
     calibrated = _CALIBRATED_TARGETS.get(profile, {}).get(task) if profile != "paper" else None
     return prof if calibrated is None else dataclasses.replace(prof, target=calibrated)
+
+
+TARGETS_FILE = Path(__file__).with_name("targets.json")
+
+
+def load_targets(path: str | Path = TARGETS_FILE) -> dict:
+    """{profile: {task: target}} from a calibration file (empty when there is none)."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return {profile: {task: entry["target"] for task, entry in tasks.items()} for profile, tasks in data.items()}
 
 
 _CALIBRATED_TARGETS = load_targets()

@@ -39,7 +39,7 @@ def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, devic
 
 
 def micro_batch_size(cfg: OptimizationConfig, profile: TaskProfile) -> int:
-    """The baseline batch ÷ the starting k (README: our reading of the optimized batch)."""
+    """The baseline batch ÷ k (÷ k_min when k adapts; README: our reading of the optimized batch)."""
     return max(1, profile.baseline_batch_size // (cfg.k_min if cfg.adaptive else cfg.k))
 
 

@@ -42,7 +42,7 @@ STANDIN_IMAGE_SOURCE = "stand-in: synthetic 10-class 32x32 images (NOT CIFAR-10)
 STANDIN_TRAIN_SIZE = 50_000
 STANDIN_TEST_SIZE = 10_000
 # bump when the generator changes, so cached stand-ins from older code are not reused
-STANDIN_GENERATOR_VERSION = 2
+STANDIN_GENERATOR_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -186,20 +186,26 @@ def _standin_class_structure(generator: torch.Generator, num_classes: int, proto
     return torch.cat(centers, 2), sigmas, torch.cat(colors, 2)
 
 
-# How hard the stand-in is (data, not code paths): the nuisances every image gets. Chosen so that
-# the quick ResNet's baseline climbs to a plateau well above chance and short of 100 % (see
-# README, "The stand-in data sets"): each image mixes its class's pattern with a weaker pattern
-# of another class (weight uniform in [0, mix_max]), so a tail of images is ambiguous and the
-# accuracy saturates below 100 % the way CIFAR-10's does.
+# How hard the stand-in is (data, not code paths). Chosen with `scripts/try_standin.py` so that
+# the quick ResNet baseline climbs to a plateau well above chance and short of 100 % within its
+# 125 steps (README, "The stand-in data sets"). Mild nuisances keep every image a fresh view; the
+# ceiling comes from a tail of ambiguous images: in `ambiguous_fraction` of them another class's
+# pattern is as strong as the image's own or stronger (weight in `ambiguous_weight`). They are in
+# effect mislabeled, like CIFAR-10's ambiguous tail: a model that names the dominant pattern, as
+# one trained on the rest of the data does, gets them wrong, so the curve flattens below 100 %.
+# Measured (quick baseline, seed 0, 500 test images): 34 % after 4k samples, 72 % after 10k,
+# 80-82 % from 13k to 16k.
 STANDIN_STYLE = dict(
-    rotation=0.6,          # radians, full range (+-0.3)
-    scale=(0.85, 1.2),
-    shift=0.4,             # full range in [-1, 1] image coordinates
-    clutter_blobs=2,
-    clutter_strength=0.6,
-    occlusion=0.25,        # probability of an occluding patch
-    pixel_noise=0.25,
-    mix_max=0.7,           # weight of the other class's pattern, uniform in [0, mix_max]
+    rotation=0.0,          # radians, full range
+    scale=(1.0, 1.0),
+    shift=0.05,            # full range in [-1, 1] image coordinates
+    clutter_blobs=1,
+    clutter_strength=0.2,
+    occlusion=0.0,         # probability of an occluding patch
+    pixel_noise=0.05,
+    mix_max=0.3,           # weight of another class's pattern, uniform in [0, mix_max] ...
+    ambiguous_fraction=0.15,  # ... except in this fraction of the images:
+    ambiguous_weight=(1.0, 1.4),
 )
 
 
@@ -239,6 +245,10 @@ def _render_standin(labels, structure, generator, image_size, chunk=4096):
         other_proto = torch.randint(0, prototypes, (n,), generator=generator)
         placed, other_scale = _place(centers[other, other_proto], u[:, 12:16], u[:, 11:12])
         mix = style["mix_max"] * torch.rand(n, 1, 1, 1, generator=generator)
+        # ambiguous images: the other class's pattern as strong as the own, or stronger
+        low, high = style["ambiguous_weight"]
+        ambiguous = torch.rand(n, 1, 1, 1, generator=generator) < style["ambiguous_fraction"]
+        mix = torch.where(ambiguous, low + (high - low) * torch.rand(n, 1, 1, 1, generator=generator), mix)
         signal = signal + mix * _blob_images(placed, sigmas[other, other_proto] * other_scale,
                                              colors[other, other_proto], axis)
         # clutter: blobs of random color and place, unrelated to the class
