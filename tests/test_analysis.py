@@ -188,7 +188,7 @@ def test_memory_model_calibrates_on_a_baseline_record():
 
 
 def test_config_from_components_reproduces_the_presets():
-    full = explorer.config_from_components(explorer.EXPLORER_COMPONENTS, k=4, adaptive=True, precision="fp16")
+    full = explorer.config_from_components(explorer.EXPLORER_COMPONENTS, k=6, adaptive=True, precision="fp16")
     assert full.replace(name="optimized") == OptimizationConfig.optimized()
     accumulation = explorer.config_from_components({"accumulation"}, k=4, adaptive=False)
     assert accumulation.replace(name="+accumulation") == ABLATION_LADDER[1]

@@ -272,7 +272,9 @@ def test_standin_images_are_learnable_well_above_chance():
         loss.backward()
         optimizer.step()
     accuracy = (model(features(dataset.test_x)).argmax(1) == dataset.test_y).float().mean().item()
-    assert 0.2 < accuracy < 0.9, accuracy  # learnable, yet a linear probe does not solve it
+    # learnable well above chance, yet the ambiguous tail (another class's pattern dominating)
+    # keeps even a fully trained probe short of 100 %
+    assert 0.5 < accuracy < 0.95, accuracy
 
 
 def test_image_standin_is_announced_loudly_and_cached(tmp_path, caplog):

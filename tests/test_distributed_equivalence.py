@@ -141,7 +141,7 @@ def ddp_adaptive_rank(steps):
     rank = dist.get_rank()
     model = torch.nn.parallel.DistributedDataParallel(mlp(torch.float32))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    config = OptimizationConfig(k=1, adaptive=True, k_min=1, k_max=5, sigma_target=0.7, noise_window=3)
+    config = OptimizationConfig(k=1, adaptive=True, k_min=1, k_max=5, sigma_target=0.7, k_rule="variance", noise_window=3)
     engine = prepare(model, optimizer, config, total_samples=10_000, micro_batch_size=4)
     ks, b_simple, estimate_sizes, micro = [engine.k], [], [], 0
     while engine.optimizer_steps < steps:
@@ -224,7 +224,8 @@ def deepspeed_rank():
     out["bf16"]["param_dtype"] = str(next(model.parameters()).dtype)
 
     model = mlp(torch.float32)
-    config = OptimizationConfig(k=1, adaptive=True, k_min=1, k_max=5, sigma_target=0.7, noise_window=3, zero_stage=2)
+    config = OptimizationConfig(k=1, adaptive=True, k_min=1, k_max=5, sigma_target=0.7, k_rule="variance",
+                               noise_window=3, zero_stage=2)
     engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), config, total_samples=10_000,
                      micro_batch_size=DS_MICRO, backend="deepspeed")
     ks, gas, micro = [engine.k], [engine.ds_engine.gradient_accumulation_steps()], 0

@@ -125,8 +125,8 @@ def _target_sq(estimate: NoiseEstimate, sigma_target: float, rule: str) -> float
 
 
 def choose_k(estimate: NoiseEstimate, *, sigma_target: float, rule: str, k_min: int, k_max: int) -> int:
-    """Eq. 6, clipped to [k_min, k_max]. Call it with significant estimates only: with |G|² not
-    positive the noise-scale reading is undefined and this raises."""
+    """Eq. 6, clipped to [k_min, k_max]. The noise-scale reading needs a significant estimate:
+    with |G|² not positive it is undefined and this raises."""
     target_sq = _target_sq(estimate, sigma_target, rule)
     if target_sq <= 0:
         raise ValueError(f"eq. 6 needs a positive target variance; |G|² = {estimate.grad_sq:.3g} with rule={rule!r}")
@@ -140,7 +140,7 @@ def calibrate_sigma_target(estimate: NoiseEstimate, *, rule: str, k: int) -> flo
 
     "variance": sigma_target² = σ²/k; "noise_scale": sigma_target² = σ²/(k |G|²) = B_simple/(k b).
     """
-    if not estimate.significant:
+    if rule == "noise_scale" and not estimate.significant:
         raise ValueError("calibrate_sigma_target needs a significant estimate (|G|² interval above 0)")
     if not estimate.sigma_sq > 0:
         raise ValueError(f"calibrate_sigma_target needs σ² > 0, got {estimate.sigma_sq:.3g}")

@@ -25,7 +25,7 @@ import warnings
 import torch
 
 from . import precision as mp
-from .accumulation import GradientNoiseMonitor, NoiseEstimate, calibrate_sigma_target, choose_k
+from .accumulation import MIN_POOLED_STEPS, GradientNoiseMonitor, NoiseEstimate, calibrate_sigma_target, choose_k
 from .config import OptimizationConfig
 from .schedule import LRSchedule, clip_gradients, remember_base_lrs, set_lr
 
@@ -246,8 +246,12 @@ class TrainingEngine:
         # in case the replicas' reduced gradients differ in the last bit -- so all pick the same k.
         grad_sq, micro = self._gather_noise_inputs()
         estimate = self.monitor.finish_step(grad_sq, micro)
-        if estimate is None or not estimate.significant:
-            # |G|² not known to be positive: eq. 6 would act on noise, so k stays (and says why)
+        if estimate is None or estimate.steps < MIN_POOLED_STEPS:
+            self.k_reason = f"held: fewer than {MIN_POOLED_STEPS} steps pooled"
+            return
+        if self.config.k_rule == "noise_scale" and not estimate.significant:
+            # |G|² not known to be positive: the noise-scale reading would act on noise, so k
+            # stays (and says why). The variance reading needs σ² only, which every step has.
             self.k_reason = "held: |G|² not significant"
             return
         if self.sigma_target is None:

@@ -88,14 +88,16 @@ def predict_memory_bytes(model: MemoryModel, *, effective_batch_size: int, k: in
     return parts
 
 
-def config_from_components(components, *, k: int = 4, adaptive: bool = True, precision: str = "fp16",
+def config_from_components(components, *, k: int | None = None, adaptive: bool = True, precision: str = "fp16",
                            segments: int | str = "sqrt") -> OptimizationConfig:
     """The configuration with the chosen components on (the rest as in the baseline), each
-    component taking the optimized preset's settings except `k`, `precision` and `segments`."""
+    component taking the optimized preset's settings except `k` (default: the preset's starting
+    k), `precision` and `segments`."""
     unknown = set(components) - set(EXPLORER_COMPONENTS)
     if unknown:
         _fail("components", sorted(unknown), f"a subset of {EXPLORER_COMPONENTS}")
     optimized = OptimizationConfig.optimized()
+    k = optimized.k if k is None else k
     fields = {}
     if "accumulation" in components:
         fields.update(k=k, adaptive=adaptive, k_min=min(k, optimized.k_min) if adaptive else 1,
@@ -141,7 +143,9 @@ def explore(records: list[dict], task: str, config: OptimizationConfig, *, calib
             note = f"no prediction: {error}"
     if model is not None:
         batch = baseline["micro_batch_size"]  # the baseline batch = the effective batch of eq. 8
-        predicted = predict_memory_bytes(model, effective_batch_size=max(batch, config.k), k=config.k,
+        # the micro-batch is the baseline batch ÷ k, or ÷ k_min when k adapts (runner.micro_batch_size)
+        split = config.k_min if config.adaptive else config.k
+        predicted = predict_memory_bytes(model, effective_batch_size=max(batch, split), k=split,
                                          precision=config.precision, segments=config.checkpointing)
         rows += [dict(quantity=f"memory: {key}", predicted=value, unit="bytes") for key, value in predicted.items()]
     measured = {}
@@ -189,7 +193,7 @@ def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
     task = widgets.Dropdown(options=list(tasks), description="task")
     components = widgets.SelectMultiple(options=EXPLORER_COMPONENTS, value=EXPLORER_COMPONENTS, description="components",
                                         rows=len(EXPLORER_COMPONENTS))
-    k = widgets.IntSlider(value=4, min=1, max=8, description="k")
+    k = widgets.IntSlider(value=OptimizationConfig.optimized().k, min=1, max=8, description="k")
     adaptive = widgets.Checkbox(value=True, description="adaptive k")
     precision = widgets.Dropdown(options=["fp16", "bf16", "fp32"], value="fp16", description="precision")
     segments = widgets.IntSlider(value=4, min=1, max=16, description="segments")

@@ -193,8 +193,9 @@ def _standin_class_structure(generator: torch.Generator, num_classes: int, proto
 # pattern is as strong as the image's own or stronger (weight in `ambiguous_weight`). They are in
 # effect mislabeled, like CIFAR-10's ambiguous tail: a model that names the dominant pattern, as
 # one trained on the rest of the data does, gets them wrong, so the curve flattens below 100 %.
-# Measured (quick baseline, seed 0, 500 test images): 34 % after 4k samples, 72 % after 10k,
-# 80-82 % from 13k to 16k.
+# Measured: the quick baseline (3 seeds, 500 test images) reaches 74 % after 10k samples and
+# 83 % at 16k, where it flattens; a linear probe on 4x4-pooled pixels (2,000 images, 150
+# full-batch Adam steps) reaches 91 %.
 STANDIN_STYLE = dict(
     rotation=0.0,          # radians, full range
     scale=(1.0, 1.0),
