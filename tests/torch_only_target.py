@@ -140,7 +140,11 @@ if __name__ == "__main__":
         torch.distributed.all_gather(gathered, sums)  # tensors: all_gather_object needs numpy
         assert torch.equal(gathered[0], gathered[1]), gathered
         if distributed.is_main_process():
-            print("launch CLI: 2 DDP ranks agree on the weights")
+            print("launch CLI: 2 DDP ranks agree on the weights", flush=True)
+        # both ranks reach teardown before either destroys the group: without it, a rank that
+        # exits first can leave gloo aborting the other's teardown (seen once in CI, rank 0
+        # SIGABRT "terminate called without an active exception" after the success line)
+        torch.distributed.barrier()
         distributed.cleanup()
     else:
         check_everything()
