@@ -19,8 +19,9 @@ of magnitude early in training, so an exponential average keeps the first steps'
 longer than its nominal horizon. The monitor therefore pools the last `window` steps with equal
 weights (means of σ² and of |G|²; B_simple is their ratio, as McCandlish et al. recommend) and
 calls the pooled estimate *significant* when the 95 % Student-t interval of the per-step |G|²
-estimates lies above zero (and at least MIN_POOLED_STEPS steps are pooled). Eq. 6 acts only
-on significant estimates; otherwise k stays where it is and the step's record says why.
+estimates lies above zero (and at least MIN_POOLED_STEPS steps are pooled). The noise-scale
+reading of eq. 6 acts only on significant estimates, the variance reading (σ² only) once
+MIN_POOLED_STEPS steps are pooled; otherwise k stays where it is and the step's record says why.
 
 Two readings of eq. 6 (`rule`):
   "noise_scale"  σ_target² = sigma_target² · |G|², so k ≈ B_simple / (sigma_target² b): the
@@ -136,7 +137,7 @@ def choose_k(estimate: NoiseEstimate, *, sigma_target: float, rule: str, k_min: 
 
 
 def calibrate_sigma_target(estimate: NoiseEstimate, *, rule: str, k: int) -> float:
-    """The sigma_target for which eq. 6 gives `k` at `estimate` (a significant one).
+    """The sigma_target for which eq. 6 gives `k` at `estimate` (significant, for "noise_scale").
 
     "variance": sigma_target² = σ²/k; "noise_scale": sigma_target² = σ²/(k |G|²) = B_simple/(k b).
     """
@@ -144,11 +145,9 @@ def calibrate_sigma_target(estimate: NoiseEstimate, *, rule: str, k: int) -> flo
         raise ValueError("calibrate_sigma_target needs a significant estimate (|G|² interval above 0)")
     if not estimate.sigma_sq > 0:
         raise ValueError(f"calibrate_sigma_target needs σ² > 0, got {estimate.sigma_sq:.3g}")
-    if rule == "variance":
-        return math.sqrt(estimate.sigma_sq / k)
-    if rule == "noise_scale":
-        return math.sqrt(estimate.sigma_sq / (k * estimate.grad_sq))
-    _fail("rule", rule, f"one of {K_RULES}")
+    # eq. 6 at sigma_target = 1 gives σ²/unit; the target that gives k scales it by 1/k
+    unit = _target_sq(estimate, 1.0, rule)
+    return math.sqrt(estimate.sigma_sq / (k * unit))
 
 
 def _norm_dtype(device: torch.device) -> torch.dtype:

@@ -112,6 +112,13 @@ class OptimizationConfig:
     def k_start(self) -> int:
         return self.k
 
+    @property
+    def batch_splits(self) -> int:
+        """How many micro-batches the baseline batch is split into: k, or k_min when k adapts
+        (so the effective batch never falls below the baseline's; README: our reading
+        of the optimized batch)."""
+        return self.k_min if self.adaptive else self.k
+
     def validate_for_run(self, *, device: torch.device | str, world_size: int = 1) -> None:
         """Checks that depend on where the run happens (device, number of replicas)."""
         device = torch.device(device)

@@ -143,8 +143,7 @@ def explore(records: list[dict], task: str, config: OptimizationConfig, *, calib
             note = f"no prediction: {error}"
     if model is not None:
         batch = baseline["micro_batch_size"]  # the baseline batch = the effective batch of eq. 8
-        # the micro-batch is the baseline batch ÷ k, or ÷ k_min when k adapts (runner.micro_batch_size)
-        split = config.k_min if config.adaptive else config.k
+        split = config.batch_splits  # the micro-batch as the runs split it
         predicted = predict_memory_bytes(model, effective_batch_size=max(batch, split), k=split,
                                          precision=config.precision, segments=config.checkpointing)
         rows += [dict(quantity=f"memory: {key}", predicted=value, unit="bytes") for key, value in predicted.items()]

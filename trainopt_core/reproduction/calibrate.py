@@ -56,6 +56,13 @@ def _round_easier(quality: float, higher_is_better: bool) -> float:
     return round(math.ceil(quality / step - 1e-9) * step, 6)
 
 
+def mean_curve(curves: list[tuple[list[float], list[float]]]) -> tuple[np.ndarray, np.ndarray]:
+    """The seed-mean of quality curves [(samples, qualities), ...]: each put on the first
+    curve's evaluation points by linear interpolation, then averaged. Returns (samples, mean)."""
+    grid = np.asarray(curves[0][0], dtype=float)
+    return grid, np.mean([np.interp(grid, s, q) for s, q in curves], axis=0)
+
+
 def choose_target(curves: list[tuple[list[float], list[float]]], *, higher_is_better: bool,
                   fraction: float = CROSSING_FRACTION) -> dict:
     """The target and its checks from baseline curves [(samples, qualities), ...], one per seed.
@@ -73,10 +80,9 @@ def choose_target(curves: list[tuple[list[float], list[float]]], *, higher_is_be
                   f"as many qualities as samples, at least {PLATEAU_EVALUATIONS + 2} evaluations")
         if not all(math.isfinite(q) for q in qualities):
             _fail("curves", qualities, "finite qualities (a diverged baseline cannot set a target)")
-    grid = np.asarray(curves[0][0], dtype=float)
-    mean_curve = np.mean([np.interp(grid, s, q) for s, q in curves], axis=0)
+    grid, seed_mean = mean_curve(curves)
     total = float(grid[-1])
-    target = _round_easier(float(np.interp(fraction * total, grid, mean_curve)), higher_is_better)
+    target = _round_easier(float(np.interp(fraction * total, grid, seed_mean)), higher_is_better)
 
     seeds = []
     for samples, qualities in curves:
@@ -90,12 +96,12 @@ def choose_target(curves: list[tuple[list[float], list[float]]], *, higher_is_be
     plateau = statistics.fmean(plateaus)
     spread = statistics.stdev(plateaus) if len(plateaus) > 1 else 0.0
     margin = (plateau - target) if higher_is_better else (target - plateau)
-    scale = mean_curve if higher_is_better else np.log(mean_curve)
+    scale = seed_mean if higher_is_better else np.log(seed_mean)
     at_tail_start = float(np.interp((1 - FLAT_TAIL_FRACTION) * total, grid, scale))
     total_gain = abs(float(scale[-1] - scale[0]))
     tail_gain = abs(float(scale[-1]) - at_tail_start) / total_gain if total_gain > 0 else math.inf
     low, high = CROSSING_WINDOW
-    mean_crossing = measure.time_to_target(grid.tolist(), mean_curve.tolist(), target, higher_is_better)
+    mean_crossing = measure.time_to_target(grid.tolist(), seed_mean.tolist(), target, higher_is_better)
     mean_fraction = None if mean_crossing is None else mean_crossing / total
     checks = {
         f"the seed-mean curve crosses within {low:.0%}-{high:.0%} of the run, every seed before its end": (
@@ -112,7 +118,7 @@ def choose_target(curves: list[tuple[list[float], list[float]]], *, higher_is_be
     return dict(target=target, higher_is_better=higher_is_better, rule=f"seed-mean baseline quality at "
                 f"{fraction:.0%} of the run, rounded towards easier", plateau=plateau, plateau_seed_std=spread,
                 plateau_margin=margin, tail_gain_fraction=tail_gain, mean_crossing_fraction=mean_fraction, seeds=seeds, checks=checks, ok=all(checks.values()),
-                mean_curve=dict(samples=grid.tolist(), quality=mean_curve.tolist()))
+                mean_curve=dict(samples=grid.tolist(), quality=seed_mean.tolist()))
 
 
 def calibrate(profile: str, tasks: list[str], seeds: int, *, out_dir: Path, data_policy: str = "auto",

@@ -39,8 +39,8 @@ def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, devic
 
 
 def micro_batch_size(cfg: OptimizationConfig, profile: TaskProfile) -> int:
-    """The baseline batch ÷ k (÷ k_min when k adapts; README: our reading of the optimized batch)."""
-    return max(1, profile.baseline_batch_size // (cfg.k_min if cfg.adaptive else cfg.k))
+    """The baseline batch ÷ `cfg.batch_splits`."""
+    return max(1, profile.baseline_batch_size // cfg.batch_splits)
 
 
 # ------------------------------------------------------------------ the run

@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 
 from ...config import COMPONENTS
+from ...measure import time_to_target
+from ...reproduction.calibrate import mean_curve
 from ..figures import memory_breakdown_frame
 from ..results import aggregate, paper_claims
 from ..verdicts import relative_change
@@ -71,24 +73,16 @@ def convergence_phases(records: list[dict], task: str, *, baseline: str = "basel
     base = [r for r in _pick(records, task, baseline) if len(r.get("history") or []) >= 2]
     if not base:
         return None
-    grid = np.array([h["samples"] for h in base[0]["history"]], dtype=float)
-    curves = [np.interp(grid, [h["samples"] for h in r["history"]], [h["quality"] for h in r["history"]]) for r in base]
-    curve = np.mean(curves, axis=0)
+    grid, curve = mean_curve([([h["samples"] for h in r["history"]], [h["quality"] for h in r["history"]])
+                              for r in base])
     if not base[0].get("higher_is_better", task == "cifar10"):
         curve = -np.log(curve)  # lower perplexity is better: progress in loss
     progress = (curve - curve[0]) / (curve[-1] - curve[0]) if curve[-1] != curve[0] else np.zeros_like(curve)
     progress = np.maximum.accumulate(progress)  # the first time a fraction was reached
-    edges = [0.0]
-    for fraction in fractions:
-        i = int(np.argmax(progress >= fraction))
-        if i == 0:
-            edges.append(grid[0])
-            continue
-        # interpolate between the evaluations that bracket the crossing
-        x0, x1, p0, p1 = grid[i - 1], grid[i], progress[i - 1], progress[i]
-        edges.append(float(x0 + (fraction - p0) / (p1 - p0) * (x1 - x0)) if p1 > p0 else float(x1))
-    edges.append(float(grid[-1]))
-    return edges
+    # each edge: the interpolated first crossing of its fraction (a flat curve never crosses:
+    # its phases start at the first evaluation)
+    crossings = [time_to_target(grid.tolist(), progress.tolist(), fraction) for fraction in fractions]
+    return [0.0, *(float(grid[0]) if c is None else c for c in crossings), float(grid[-1])]
 
 
 def phase_speedups(records: list[dict], task: str, *, baseline: str = "baseline", optimized: str = "optimized",
