@@ -96,13 +96,13 @@ def format_agreement(result: dict) -> str:
              f"- throughput ratios compared: {result['ratios_compared']}, moved by more than ±{100 * RATIO_TOLERANCE:.0f} %: "
              f"**{len(result['ratio_moves'])}**",
              f"- measured values outside the other run's 95 % CI: **{len(result['beyond_ci'])}**", "",
-             f"Agreement: **{'yes' if result['agree'] else 'no'}** (no verdict differs and every throughput ratio "
-             f"is within ±{100 * RATIO_TOLERANCE:.0f} %)", ""]
+             f"Agreement: **{'yes' if result['agree'] else 'no'}** (the bar: no verdict differs and every "
+             f"throughput ratio stays within ±{100 * RATIO_TOLERANCE:.0f} %)", ""]
     if result["verdict_flips"]:
         lines += ["## Verdicts that differ", "", "| cell | first | second |", "|---|---|---|"]
         lines += [f"| {f['cell']} | {f['first']} | {f['second']} |" for f in result["verdict_flips"]] + [""]
     if result["ratio_moves"]:
-        lines += ["## Throughput ratios that moved beyond ±5 %", "", "| cell | first | second | moved |", "|---|---|---|---|"]
+        lines += [f"## Throughput ratios that moved beyond ±{100 * RATIO_TOLERANCE:.0f} %", "", "| cell | first | second | moved |", "|---|---|---|---|"]
         lines += [f"| {m['cell']} | {m['first']:.3f} | {m['second']:.3f} | {100 * m['moved']:+.1f}% |"
                   for m in result["ratio_moves"]] + [""]
     if result["beyond_ci"]:
