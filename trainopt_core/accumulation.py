@@ -39,6 +39,7 @@ default configuration meaningful for a ResNet and a GPT-2 alike.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -206,6 +207,23 @@ class GradientNoiseMonitor:
             self._recent.append(self.last)
             self.pooled = pool_estimates(list(self._recent))
         return self.pooled
+
+    def state_dict(self) -> dict:
+        """The pooled window (per-step estimates, oldest first) and the latest estimates.
+        Only between optimizer steps: a half-collected step's norms are not state."""
+        if self._micro:
+            raise RuntimeError("GradientNoiseMonitor.state_dict() mid-step: allowed only between optimizer steps")
+        as_dict = lambda e: None if e is None else dataclasses.asdict(e)  # noqa: E731
+        return {"window": self.window, "recent": [as_dict(e) for e in self._recent],
+                "last": as_dict(self.last), "pooled": as_dict(self.pooled)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["window"] != self.window:
+            _fail("state['window']", state["window"], f"this monitor's window ({self.window})")
+        as_estimate = lambda d: None if d is None else NoiseEstimate(**d)  # noqa: E731
+        self._recent = collections.deque((as_estimate(d) for d in state["recent"]), maxlen=self.window)
+        self.last, self.pooled = as_estimate(state["last"]), as_estimate(state["pooled"])
+        self._micro, self._current = [], None
 
     def remove(self) -> None:
         for handle in self._handles:

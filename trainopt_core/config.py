@@ -22,6 +22,8 @@ SCHEDULES = ("constant", "cosine")
 ZERO_STAGES = (0, 1, 2)
 
 Checkpointing = Union[None, Literal["sqrt"], int]
+# Fields that stop a failing run but never change what a finished one computed.
+GUARD_FIELDS = frozenset({"max_nonfinite_steps"})
 
 
 def _fail(field_name: str, value, allowed: str) -> None:
@@ -65,6 +67,10 @@ class OptimizationConfig:
     # fp16 dynamic loss scaling (torch.amp.GradScaler semantics)
     initial_loss_scale: float = 2.0**16
     loss_scale_growth_interval: int = 2000
+    # bf16/fp32 (no loss scaler): a step whose gradients hold an inf/nan is skipped and counted,
+    # as fp16 does; this many consecutive such steps stop the run with an error. A guard: it
+    # decides whether a run may go on, not what a finished run computed (not in config_hash).
+    max_nonfinite_steps: int = 3
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -106,6 +112,10 @@ class OptimizationConfig:
             _fail("initial_loss_scale", self.initial_loss_scale, "a finite number > 0")
         if not isinstance(self.loss_scale_growth_interval, int) or self.loss_scale_growth_interval < 1:
             _fail("loss_scale_growth_interval", self.loss_scale_growth_interval, "an integer >= 1")
+        if (not isinstance(self.max_nonfinite_steps, int) or isinstance(self.max_nonfinite_steps, bool)
+                or self.max_nonfinite_steps < 1):
+            _fail("max_nonfinite_steps", self.max_nonfinite_steps,
+                  "an integer >= 1 (consecutive inf/nan steps skipped in bf16/fp32 before the run stops)")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -147,8 +157,13 @@ class OptimizationConfig:
             raise ValueError(f"OptimizationConfig got unknown fields {sorted(unknown)}; allowed {sorted(known)}")
         return cls(**values)
 
+    def computation_fields(self) -> dict:
+        """The fields that decide what a finished run computes: all but the guards
+        (`GUARD_FIELDS`), which only decide whether a run may go on."""
+        return {key: value for key, value in self.to_dict().items() if key not in GUARD_FIELDS}
+
     def config_hash(self) -> str:
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        blob = json.dumps(self.computation_fields(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
 
     # ------------------------------------------------------------------ presets

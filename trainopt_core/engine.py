@@ -29,6 +29,8 @@ from .accumulation import MIN_POOLED_STEPS, GradientNoiseMonitor, NoiseEstimate,
 from .config import OptimizationConfig
 from .schedule import LRSchedule, clip_gradients, remember_base_lrs, set_lr
 
+ENGINE_STATE_FORMAT = "trainopt-engine-state/1"
+
 
 class TrainingEngine:
     """Gradient accumulation, LR schedule, clipping and mixed precision around a user's loop."""
@@ -198,7 +200,11 @@ class TrainingEngine:
             self.scaler.update()
             self._loss_scale = float(self.scaler.get_scale())
         else:
-            self.optimizer.step()
+            # no loss scaler (bf16/fp32): the same found-inf test decides, and such a step is
+            # skipped and counted instead of writing inf/nan into the weights and optimizer state
+            stepped = not mp.gradients_non_finite(self._grad_norm, grads)
+            if stepped:
+                self.optimizer.step()
         if stepped:
             self.consecutive_skipped_steps = 0
         else:
@@ -215,7 +221,16 @@ class TrainingEngine:
         self._set_grad_sync()
         if self.scaler is not None:
             mp.check_loss_scale(self._loss_scale, consecutive_skips=self.consecutive_skipped_steps)
+        else:
+            self._check_nonfinite_steps(backend="torch engine")
         return stepped
+
+    def _check_nonfinite_steps(self, *, backend: str) -> None:
+        """bf16/fp32: stop after `config.max_nonfinite_steps` consecutive non-finite steps."""
+        if self.consecutive_skipped_steps >= self.config.max_nonfinite_steps:
+            raise mp.nonfinite_steps_error(
+                step=self.optimizer_steps, grad_norm=self.last_grad_norm, consecutive=self.consecutive_skipped_steps,
+                allowed=self.config.max_nonfinite_steps, precision=self.config.precision, backend=backend)
 
     # ------------------------------------------------------------------ internals
     def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:
@@ -308,6 +323,84 @@ class TrainingEngine:
             "sigma_target": self.sigma_target,
             "samples_consumed": self.samples_consumed,
         }
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Everything besides the model and the optimizer that a resumed loop needs to continue
+        exactly: k and why, the calibrated sigma_target, the noise monitor's pooled window, the
+        fp16 loss scaler, the sample/step/skip counters (the LR schedule's position is
+        `samples_consumed`) and the base LRs. Save it with the model's and the optimizer's
+        state_dict, between optimizer steps (after a `step()` that returned at a boundary):
+
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "engine": engine.state_dict()}, path)
+            # restart: build model, optimizer and engine as before, then
+            model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"])
+            engine.load_state_dict(state["engine"])
+
+        A plain dict of Python numbers (and the scaler's dict), so torch.save and
+        `torch.load(weights_only=True)` take it."""
+        if self._micro_index:
+            raise RuntimeError(
+                f"engine.state_dict() after {self._micro_index} of {self.k} micro-batches of an effective "
+                "batch: allowed only between optimizer steps (after step() returned at a boundary)")
+        return {
+            "format": ENGINE_STATE_FORMAT,
+            "config": self.config.computation_fields(),
+            "world_size": self.world_size,
+            "micro_batch_size": self.micro_batch_size,
+            "k": self.k,
+            "k_reason": self.k_reason,
+            "sigma_target": self.sigma_target,
+            "samples_consumed": self.samples_consumed,
+            "optimizer_steps": self.optimizer_steps,
+            "skipped_steps": self.skipped_steps,
+            "consecutive_skipped_steps": self.consecutive_skipped_steps,
+            "effective_batch_size": self.effective_batch_size,
+            "lr_multiplier": self._lr_multiplier,
+            "base_lrs": list(self.base_lrs),
+            "grad_norm": self.last_grad_norm,
+            "loss_scale": self._loss_scale,
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "monitor": None if self.monitor is None else self.monitor.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores `state_dict()`'s output into an engine built with the same configuration,
+        world size and micro-batch size (else ValueError naming what differs)."""
+        if not isinstance(state, dict) or state.get("format") != ENGINE_STATE_FORMAT:
+            raise ValueError(f"engine state format {state.get('format') if isinstance(state, dict) else state!r} "
+                             f"is invalid: allowed {ENGINE_STATE_FORMAT!r} (a dict from engine.state_dict())")
+        if self._micro_index:
+            raise RuntimeError("engine.load_state_dict() mid-way through an effective batch: allowed only between steps")
+        mine = self.config.computation_fields()
+        differ = sorted(key for key in mine.keys() | state["config"].keys()
+                        if key != "name" and mine.get(key) != state["config"].get(key))
+        if differ:
+            raise ValueError(
+                "engine state saved under another configuration: " + ", ".join(
+                    f"{key}={state['config'].get(key)!r} there, {mine.get(key)!r} here" for key in differ))
+        for key in ("world_size", "micro_batch_size"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"engine state saved with {key}={state[key]!r}; this engine has {getattr(self, key)!r}")
+        self.k = state["k"]
+        self.k_reason = state["k_reason"]
+        self.sigma_target = state["sigma_target"]
+        self.samples_consumed = state["samples_consumed"]
+        self.optimizer_steps = state["optimizer_steps"]
+        self.skipped_steps = state["skipped_steps"]
+        self.consecutive_skipped_steps = state["consecutive_skipped_steps"]
+        self.effective_batch_size = state["effective_batch_size"]
+        self.base_lrs = list(state["base_lrs"])
+        self._lr_multiplier = state["lr_multiplier"]
+        set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
+        self._grad_norm = None if state["grad_norm"] is None else torch.tensor(state["grad_norm"])
+        self._loss_scale = state["loss_scale"]
+        if self.scaler is not None and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.monitor is not None and state["monitor"] is not None:
+            self.monitor.load_state_dict(state["monitor"])
+        self._set_grad_sync()
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -67,10 +67,32 @@ def gradients_non_finite(grad_norm: torch.Tensor | float, grads) -> bool:
     return any(not bool(torch.isfinite(g).all()) for g in grads)
 
 
+class NonFiniteTrainingError(RuntimeError):
+    """Training stopped because its gradients stayed non-finite (inf/nan): a collapsed fp16 loss
+    scale, or `OptimizationConfig.max_nonfinite_steps` consecutive non-finite steps in bf16/fp32."""
+
+
+NON_FINITE_CAUSES = (
+    "likely causes: a learning rate too high for this model (the loss diverged; lower it or add "
+    "warmup/clipping), inf/nan values in the input data, or an op that overflows or divides by "
+    "zero in the model or the loss"
+)
+
+
+def nonfinite_steps_error(*, step: int, grad_norm: float, consecutive: int, allowed: int, precision: str,
+                          backend: str) -> NonFiniteTrainingError:
+    """The error both engines raise after too many consecutive non-finite bf16/fp32 steps."""
+    return NonFiniteTrainingError(
+        f"non-finite gradients at optimizer step {step}: gradient norm {grad_norm!r} in {precision} "
+        f"({backend}), {consecutive} consecutive step(s) skipped; allowed at most "
+        f"OptimizationConfig.max_nonfinite_steps={allowed} in a row. {NON_FINITE_CAUSES}."
+    )
+
+
 def loss_scale_collapse_error(*, consecutive_skips: int, loss_scale: float, min_loss_scale: float,
                               backend: str, detail: str = "") -> RuntimeError:
-    """The RuntimeError both engines raise for a collapsed fp16 loss scale (what happened, what is allowed)."""
-    return RuntimeError(
+    """The error both engines raise for a collapsed fp16 loss scale (what happened, what is allowed)."""
+    return NonFiniteTrainingError(
         f"fp16 loss scale collapsed: {consecutive_skips} consecutive skipped steps (inf/nan gradients); "
         f"the {backend} loss scale is now {loss_scale!r}{detail}, allowed: a finite scale that stays >= "
         f"{min_loss_scale!r}, the floor below which skipping steps cannot help. The loss or the weights are "

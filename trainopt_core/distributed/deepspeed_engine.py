@@ -223,6 +223,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._micro_batches_seen = 0
         self._mean_items = 0.0
         self._ds_step_due = False
+        self._losses_finite: torch.Tensor | None = None
         self.item_weight_ratio = 1.0
 
     # ------------------------------------------------------------------ k reaches DeepSpeed
@@ -267,6 +268,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self.ds_engine.set_gradient_accumulation_boundary(self.is_accumulation_boundary)
         if self.monitor is not None:
             self.monitor.begin_micro_batch(self.device, 1.0 / (weight * self._loss_scale), items)
+        if self.config.precision != "fp16":  # on the device: one sync per step, at the boundary
+            finite = torch.isfinite(loss.detach()).all()
+            self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
         self.ds_engine.backward(loss * weight, scale_wrt_gas=False)
         self._ds_step_due = True
         self._micro_index += 1
@@ -282,6 +286,10 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             self.ds_engine.step()  # not a boundary: DeepSpeed only counts the micro-step
             self._ds_step_due = False
             return False
+        if self._losses_finite is not None:
+            finite, self._losses_finite = bool(self._losses_finite), None
+            if not finite:
+                self._stop_nonfinite_before_step()
         step_samples = self._replica_sum(self._step_samples)
         self.effective_batch_size = step_samples
         self._apply_lr(self.samples_consumed + step_samples, step_samples)
@@ -323,6 +331,11 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                 self.monitor.finish_step(math.nan, [])
             else:
                 self._update_k()  # eq. 6 on identical gathered numbers; the k setter tells DeepSpeed
+        if self.config.precision != "fp16" and self._grad_norm is not None and not math.isfinite(self._grad_norm):
+            raise mp.nonfinite_steps_error(
+                step=self.optimizer_steps, grad_norm=self._grad_norm, consecutive=1,
+                allowed=0, precision=self.config.precision,
+                backend="DeepSpeed, which applied the step: it skips non-finite steps only in fp16")
         if self.config.precision == "fp16":
             # DeepSpeed clamps the scale at its floor: a step skipped there is the collapse
             # (ZeRO-1/2 raise it above; stage 0 would skip at the floor for ever).
@@ -331,6 +344,53 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             mp.check_loss_scale(self._loss_scale, consecutive_skips=self.consecutive_skipped_steps,
                                 min_loss_scale=DEEPSPEED_MIN_LOSS_SCALE, backend="DeepSpeed")
         return stepped
+
+    def _stop_nonfinite_before_step(self) -> None:
+        """bf16/fp32 under DeepSpeed: its optimizers apply whatever gradient they hold (only its
+        fp16 loss scaler skips), so a non-finite loss stops the run before the step reaches the
+        weights -- DeepSpeed's weights and optimizer state stay finite for a checkpoint."""
+        raise mp.nonfinite_steps_error(
+            step=self.optimizer_steps + 1, grad_norm=math.nan, consecutive=1, allowed=0,
+            precision=self.config.precision,
+            backend="DeepSpeed: a non-finite loss in this step, stopped before its optimizer step; "
+                    "DeepSpeed cannot skip a bf16/fp32 step, so max_nonfinite_steps does not apply")
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """The engine state of `TrainingEngine.state_dict` plus the item weighting's running
+        mean; model, ZeRO-partitioned optimizer state and DeepSpeed's loss scaler are saved by
+        DeepSpeed itself: use `save_checkpoint` / `load_checkpoint`."""
+        if self._ds_step_due:
+            raise RuntimeError("engine.state_dict() before engine.step() of the last backward: call step() first")
+        state = super().state_dict()
+        state["deepspeed"] = {"items_seen": self._items_seen, "micro_batches_seen": self._micro_batches_seen,
+                              "mean_items": self._mean_items, "item_weight_ratio": self.item_weight_ratio}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        extra = state.get("deepspeed")
+        if extra is None:
+            raise ValueError("engine state has no 'deepspeed' entry: it was saved by the torch-native engine")
+        self._items_seen, self._micro_batches_seen = extra["items_seen"], extra["micro_batches_seen"]
+        self._mean_items, self.item_weight_ratio = extra["mean_items"], extra["item_weight_ratio"]
+
+    def save_checkpoint(self, directory: str | os.PathLike, tag: str | None = None,
+                        client_state: dict | None = None) -> None:
+        """DeepSpeed's checkpoint (`ds_engine.save_checkpoint`: module, ZeRO-partitioned optimizer
+        state, loss scaler) with this engine's `state_dict()` in its client state. Every rank calls it."""
+        client = dict(client_state or {}, trainopt_engine=self.state_dict())
+        self.ds_engine.save_checkpoint(os.fspath(directory), tag=tag, client_state=client)
+
+    def load_checkpoint(self, directory: str | os.PathLike, tag: str | None = None) -> dict:
+        """Loads a `save_checkpoint` checkpoint into this engine (built as the saving one was);
+        returns the rest of the client state. Every rank calls it."""
+        path, client = self.ds_engine.load_checkpoint(os.fspath(directory), tag=tag)
+        if path is None or client is None or "trainopt_engine" not in client:
+            raise FileNotFoundError(f"no trainopt DeepSpeed checkpoint (tag {tag!r}) under {os.fspath(directory)!r}")
+        client = dict(client)
+        self.load_state_dict(client.pop("trainopt_engine"))
+        return client
 
     # ------------------------------------------------------------------ internals
     def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:
