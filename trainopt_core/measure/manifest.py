@@ -49,6 +49,11 @@ def _git_state() -> dict:
         return {"commit": None, "dirty": None}
 
 
+def code_commit() -> str | None:
+    """The git commit of this package's checkout (None outside a checkout)."""
+    return _git_state()["commit"]
+
+
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)

@@ -49,6 +49,9 @@ class TaskProfile:
     # corpus: with 50,257 outputs the LM head would be ~90% of a 4x128 model's compute and memory,
     # hiding what the components do to the transformer blocks (the paper's model is ~30% head).
     compact_vocab: bool = False
+    # In-run checkpoints (reproduction.resume): every this many minutes of a run, so a killed
+    # run resumes instead of starting over; None: none (a quick run lasts about a minute).
+    checkpoint_every_minutes: float | None = None
 
     @property
     def quality_name(self) -> str:
@@ -83,13 +86,13 @@ _PROFILES = {
         "cifar10", "paper",
         baseline_batch_size=128, train_samples=None, epochs=30, eval_every_samples=50_000,
         eval_samples=10_000, lr=1e-4, target=0.85, throughput_warmup_steps=20, timing_windows_per_seed=4,
-        timing_steps_per_window=10,
+        timing_steps_per_window=10, checkpoint_every_minutes=10.0,
     ),
     ("wikitext2", "paper"): _task(
         "wikitext2", "paper",
         baseline_batch_size=32, train_samples=None, epochs=20, eval_every_samples=2_000,
         eval_samples=240, lr=1e-4, target=45.0, throughput_warmup_steps=20, timing_windows_per_seed=4,
-        timing_steps_per_window=10,
+        timing_steps_per_window=10, checkpoint_every_minutes=10.0,
     ),
     ("cifar10", "quick"): _task(
         "cifar10", "quick",

@@ -48,6 +48,10 @@ def run_conditions(*, device: torch.device | str, backend: str, world_size: int,
                         torch=torch.__version__, profile_settings=profile_settings))
 
 
+# Profile settings no measurement reads: how often a run checkpoints itself changes nothing it records.
+NEVER_COMPARED_SETTINGS = ("checkpoint_every_minutes",)
+
+
 def condition_differences(record: dict, conditions: dict, *, ignore_settings=()) -> list[str]:
     """The conditions under which `record` was made that differ from `conditions` (empty: reusable).
 
@@ -55,6 +59,7 @@ def condition_differences(record: dict, conditions: dict, *, ignore_settings=())
     run does not read the throughput timing's window counts), left out of the comparison."""
     made = dict(record.get("conditions") or {})
     conditions = dict(conditions)
+    ignore_settings = set(ignore_settings) | set(NEVER_COMPARED_SETTINGS)
     if ignore_settings:
         for side in (made, conditions):
             if isinstance(side.get("profile_settings"), dict):
@@ -66,7 +71,7 @@ def computation_hash(cfg: OptimizationConfig, *, world_size: int, backend: str) 
     """What the run computes, independent of the configuration's name: ZeRO partitions nothing
     on one process with the torch engine, so there a configuration and its ZeRO-0 twin train
     bit-identically (same losses, same memory) and one run serves both."""
-    fields = cfg.to_dict()
+    fields = cfg.computation_fields()
     fields.pop("name")
     if world_size == 1 and backend == "torch":
         fields["zero_stage"] = 0

@@ -3,7 +3,9 @@
 A complete record made under the same conditions (`records.run_conditions`: machine, device,
 backend, world size, data, torch, profile settings) is reused instead of re-running, and a
 record is written only when the run finished, so an interrupted run never leaves something that
-looks complete. A run records what is deterministic for its seed -- quality, samples and steps
+looks complete. With in-run checkpoints on (`reproduction.resume`), the rerun of an interrupted
+run continues from its last checkpoint; a run stopped by non-finite training leaves a record
+with status "failed" and the error. A run records what is deterministic for its seed -- quality, samples and steps
 to target, peak memory -- and its own clock beside it; the seconds per sample the tables use
 come from interleaved timing windows (`reproduction.throughput`).
 """
@@ -21,6 +23,8 @@ from tqdm.auto import tqdm
 from .. import measure
 from ..compose import prepare
 from ..config import OptimizationConfig
+from ..precision import NonFiniteTrainingError
+from . import resume
 from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
 from .records import (
     RECORD_SCHEMA, computation_hash, condition_differences, load_record, record_path, run_conditions, write_record,
@@ -53,6 +57,9 @@ class RunOptions:
     rerun: bool = False
     backend: str = "torch"                # "torch" (single process / DDP) or "deepspeed"
     max_steps: int | None = None          # cut a run short (benchmarks, tests); such a record is not written
+    # in-run checkpoints every this many optimizer steps (default: the profile's
+    # checkpoint_every_minutes; reproduction.resume); 0 turns them off
+    checkpoint_every_steps: int | None = None
 
 
 def run(
@@ -106,38 +113,69 @@ def run(
     memory = measure.PeakMemory(device)
     tracked_step = prof.throughput_warmup_steps  # the optimizer step whose memory is broken down
     train_time_s, next_eval_samples = 0.0, 0
-    batches = bundle.train_batches(micro, seed=seed)
-    bar = tqdm(total=total_samples, desc=f"{task} {cfg.name} seed {seed}", unit="sample",
-               disable=not options.progress or rank != 0, leave=False)
+    batches = _CountedBatches(bundle.train_batches(micro, seed=seed))
+    checkpoints = _Checkpoints(path, prof, options, rank=rank, world_size=world_size, identity=dict(
+        task=task, config=cfg.computation_fields(), computation=computation, seed=seed, profile=profile,
+        conditions=conditions, world_size=world_size, micro_batch_size=micro,
+        code=measure.manifest.code_commit()))
+    carried = checkpoints.newest()
+    if carried is not None:
+        history, steps, train_time_s, next_eval_samples = (
+            carried["history"], carried["steps"], carried["train_time_s"], carried["next_eval_samples"])
+        _restore(carried, bundle.model, engine, throughput, batches)
+        notes.append(f"resumed from its in-run checkpoint after optimizer step {carried['step']} "
+                     f"(a previous attempt was interrupted; wall-clock fields cover the attempts' training)")
+    bar = tqdm(total=total_samples, initial=engine.samples_consumed, desc=f"{task} {cfg.name} seed {seed}",
+               unit="sample", disable=not options.progress or rank != 0, leave=False)
     energy = measure.EnergyMeter(device)
     energy.start()
-    wall_start = time.perf_counter()
-    while engine.samples_consumed < total_samples:
-        if options.max_steps is not None and engine.optimizer_steps >= options.max_steps:
-            break
-        if engine.samples_consumed >= next_eval_samples:  # evaluation time is not training time
-            with memory.evaluation():
-                history.append(_evaluate(bundle, engine, model, train_time_s, steps))
-            next_eval_samples += prof.eval_every_samples
-        tracking = engine.optimizer_steps == tracked_step and memory.tracks_live_tensors
-        tracker = memory.track_step(model, engine.optimizer) if tracking else contextlib.nullcontext()
-        with memory.training_step(), tracker:  # the training step's peak; evaluation is measured apart
-            start = time.perf_counter()
-            step_items, step_loss = one_optimizer_step(engine, bundle, model, batches)
-            step_s = measure.elapsed_s(start, device)
-        train_time_s += step_s
-        if tracking:
-            memory.add_tracked(tracker)  # slowed by the tracker: not a throughput sample
-        else:
-            throughput.add_step(step_items, step_s)
-        steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss, **engine.stats()))
-        bar.update(steps[-1]["effective_batch_size"])
-    with memory.evaluation():
-        history.append(_evaluate(bundle, engine, model, train_time_s, steps))
+    wall_start = time.perf_counter() - (carried["wall_s"] if carried else 0.0)
+    try:
+        while engine.samples_consumed < total_samples:
+            if options.max_steps is not None and engine.optimizer_steps >= options.max_steps:
+                break
+            if engine.samples_consumed >= next_eval_samples:  # evaluation time is not training time
+                with memory.evaluation():
+                    history.append(_evaluate(bundle, engine, model, train_time_s, steps))
+                next_eval_samples += prof.eval_every_samples
+            tracking = engine.optimizer_steps == tracked_step and memory.tracks_live_tensors
+            tracker = memory.track_step(model, engine.optimizer) if tracking else contextlib.nullcontext()
+            with memory.training_step(), tracker:  # the training step's peak; evaluation is measured apart
+                start = time.perf_counter()
+                step_items, step_loss = one_optimizer_step(engine, bundle, model, batches)
+                step_s = measure.elapsed_s(start, device)
+            train_time_s += step_s
+            if tracking:
+                memory.add_tracked(tracker)  # slowed by the tracker: not a throughput sample
+            else:
+                throughput.add_step(step_items, step_s)
+            steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss, **engine.stats()))
+            bar.update(steps[-1]["effective_batch_size"])
+            if checkpoints.due(engine.optimizer_steps):
+                checkpoints.save(engine.optimizer_steps, dict(
+                    model=bundle.model.state_dict(), optimizer=engine.optimizer.state_dict(),
+                    engine=engine.state_dict(), rng=resume.rng_state(), micro_batches=batches.drawn,
+                    history=history, steps=steps, train_time_s=train_time_s, next_eval_samples=next_eval_samples,
+                    throughput={key: getattr(throughput, key) for key in _THROUGHPUT_STATE},
+                    memory=_memory_summary(memory, carried), energy_j=_energy_so_far(energy, carried),
+                    wall_s=time.perf_counter() - wall_start))
+        with memory.evaluation():
+            history.append(_evaluate(bundle, engine, model, train_time_s, steps))
+    except NonFiniteTrainingError as error:
+        bar.close()
+        engine.close()
+        if rank == 0 and options.max_steps is None:
+            write_record(path, dict(schema=RECORD_SCHEMA, status="failed", error=str(error), task=task,
+                                    config_name=cfg.name, config=cfg.to_dict(), seed=seed, profile=profile,
+                                    conditions=conditions, history=history, steps=steps, notes=notes))
+        raise
     bar.close()
     energy_j, energy_source = energy.stop()
+    if carried is not None and energy_j is not None and carried["energy_j"] is not None:
+        energy_j += carried["energy_j"]
     wall_s = time.perf_counter() - wall_start
     engine.close()
+    summary = _memory_summary(memory, carried)
 
     times = [h["time_s"] for h in history]
     qualities = [h["quality"] for h in history]
@@ -154,10 +192,10 @@ def run(
         time_to_target_wall_s=measure.time_to_target(times, qualities, **reach),
         throughput=items_per_s,  # during this run (not interleaved with the configurations compared)
         throughput_unit=prof.item_unit,
-        peak_memory_bytes=memory.peak_bytes(),  # the training step's peak, evaluation excluded
-        evaluation_peak_memory_bytes=memory.evaluation_peak_bytes(),  # CUDA; None on CPU
+        peak_memory_bytes=summary["peak"],  # the training step's peak, evaluation excluded
+        evaluation_peak_memory_bytes=summary["evaluation_peak"],  # CUDA; None on CPU
         memory_source=memory.source,
-        memory_breakdown_bytes=memory.breakdown(),
+        memory_breakdown_bytes=summary["breakdown"],
         target=prof.target,
         final_quality=qualities[-1],
         quality_name=prof.quality_name,
@@ -198,7 +236,111 @@ def run(
     )
     if rank == 0 and options.max_steps is None:
         write_record(path, record)
+    checkpoints.finished()
     return record
+
+
+# ------------------------------------------------------------------ in-run checkpoints
+_THROUGHPUT_STATE = ("steps", "training_time_s", "training_items", "measured_time_s", "measured_items")
+
+
+class _CountedBatches:
+    """The task's micro-batch stream, counting what it handed out (a checkpoint's data position)."""
+
+    def __init__(self, batches):
+        self._batches, self.drawn = batches, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._batches)
+        self.drawn += 1
+        return batch
+
+
+class _Checkpoints:
+    """When and where a run checkpoints itself (`reproduction.resume`); off for truncated runs
+    and for the DeepSpeed backend (whose engine checkpoints through DeepSpeed's own API)."""
+
+    def __init__(self, record_file: Path, prof: TaskProfile, options: RunOptions, *, rank: int, world_size: int,
+                 identity: dict):
+        every = options.checkpoint_every_steps
+        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 0):
+            raise ValueError(f"checkpoint_every_steps={every!r} is invalid: allowed None (the profile's "
+                             "checkpoint_every_minutes), 0 (off) or an integer >= 1")
+        self.every_steps = every or None
+        minutes = prof.checkpoint_every_minutes if every is None else None
+        self.every_s = minutes * 60.0 if minutes else None
+        self.on = options.max_steps is None and options.backend == "torch" and bool(self.every_steps or self.every_s)
+        self.directory = resume.checkpoint_dir(record_file)
+        self.rank, self.world_size, self.identity = rank, world_size, resume.as_saved(identity)
+        self.fresh = options.rerun
+        self._last_save = time.perf_counter()
+
+    def newest(self) -> dict | None:
+        """The checkpoint to resume from; None to start from the beginning. `RunOptions.rerun`
+        asks for a new measurement: an interrupted attempt's checkpoints are dropped."""
+        if not self.on:
+            return None
+        if self.fresh:
+            if self.rank == 0:
+                resume.remove(self.directory)
+            if self.world_size > 1:
+                torch.distributed.barrier()
+            return None
+        return resume.newest_loadable(self.directory, self.rank, self.identity, self.world_size)
+
+    def due(self, step: int) -> bool:
+        if not self.on:
+            return False
+        if self.every_steps:
+            return step % self.every_steps == 0
+        due = time.perf_counter() - self._last_save >= self.every_s
+        if self.world_size > 1:  # rank 0's clock decides, so every rank saves the same step
+            flag = torch.tensor([int(due)], dtype=torch.int64)
+            torch.distributed.broadcast(flag, src=0)
+            due = bool(flag.item())
+        return due
+
+    def save(self, step: int, payload: dict) -> None:
+        resume.save(self.directory, step, self.rank, dict(payload, identity=self.identity))
+        self._last_save = time.perf_counter()
+
+    def finished(self) -> None:
+        if self.on and self.rank == 0:
+            resume.remove(self.directory)
+
+
+def _restore(carried: dict, module: torch.nn.Module, engine, throughput, batches: _CountedBatches) -> None:
+    module.load_state_dict(carried["model"])
+    engine.optimizer.load_state_dict(carried["optimizer"])
+    engine.load_state_dict(carried["engine"])
+    for key in _THROUGHPUT_STATE:
+        setattr(throughput, key, carried["throughput"][key])
+    for _ in range(carried["micro_batches"]):  # the data stream's own generator replays its draws
+        next(batches)
+    resume.set_rng_state(carried["rng"])
+
+
+def _memory_summary(memory, carried: dict | None) -> dict:
+    """Peaks (and the breakdown at the larger peak) over this attempt and the resumed ones."""
+    now = dict(peak=memory.peak_bytes(), evaluation_peak=memory.evaluation_peak_bytes(), breakdown=memory.breakdown())
+    if carried is None:
+        return now
+    before = carried["memory"]
+    larger = lambda a, b: b if a is None else a if b is None else max(a, b)  # noqa: E731
+    earlier_wins = before["peak"] is not None and (now["peak"] is None or before["peak"] >= now["peak"])
+    return dict(peak=larger(before["peak"], now["peak"]),
+                evaluation_peak=larger(before["evaluation_peak"], now["evaluation_peak"]),
+                breakdown=before["breakdown"] if earlier_wins else now["breakdown"])
+
+
+def _energy_so_far(energy, carried: dict | None) -> float | None:
+    joules, _ = energy.stop()  # a reading since start; the meter keeps counting
+    if joules is None:
+        return None
+    return joules + ((carried["energy_j"] or 0.0) if carried else 0.0)
 
 
 def _same_computation(out_dir: Path, task: str, profile: str, seed: int, computation: str, conditions: dict) -> dict | None:
