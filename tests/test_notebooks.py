@@ -89,6 +89,17 @@ def test_every_notebook_runs_in_the_smoke_profile_and_writes_its_tables(executed
 
 
 @pytest.mark.slow
+def test_every_figure_in_an_executed_notebook_is_an_image(executed):
+    for name, path in executed["notebooks"].items():
+        outputs = [o for c in code_cells(read(path)) for o in c.outputs]
+        as_text = [o for o in outputs if "<Figure size" in str(o.get("data", {}).get("text/plain", ""))
+                   or "<Figure size" in str(o.get("text", ""))]
+        assert not as_text, f"{name}: a figure shown as text: {as_text[0]}"
+        if name != "explorer.ipynb":
+            assert any("image/png" in o.get("data", {}) for o in outputs), f"{name} shows no figure"
+
+
+@pytest.mark.slow
 def test_nbval_reexecutes_and_deterministic_cells_give_the_same_output(executed):
     paths = [str(p) for p in executed["notebooks"].values()]
     for path in paths:  # the comparison is meaningful only if the checked cells stored outputs

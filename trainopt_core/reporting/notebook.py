@@ -192,9 +192,19 @@ def publish_table(table: pd.DataFrame, paths: ReportPaths, name: str, title: str
 
 
 def publish_figure(fig, paths: ReportPaths, name: str):
-    """Save `fig` as ``figures/<name>.png`` and return it (a notebook shows it)."""
-    save_figure(fig, paths.figures, name)
-    return fig
+    """Save `fig` as ``figures/<name>.png`` and return that PNG as an image for the notebook to
+    show; the figure is closed.
+
+    Not the Figure itself: a matplotlib Figure displays as the text ``<Figure size ...>`` wherever
+    the inline backend is not active (papermill's kernels under MPLBACKEND=Agg, a notebook
+    opened after `matplotlib.use("Agg")`), so the executed notebook would hold no picture. The
+    image is the very file the reports link to."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image
+
+    path = save_figure(fig, paths.figures, name)
+    plt.close(fig)
+    return Image(data=path.read_bytes(), format="png")
 
 
 def records_of(records: list[dict], task: str, configs=None) -> list[dict]:
