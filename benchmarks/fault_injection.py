@@ -128,12 +128,15 @@ def record_on_disk(out_dir: Path) -> dict | None:
         return None
 
 
-def scenarios(task: str, steps: int):
-    for s in range(1, steps + 1):
+def scenarios(task: str, steps: int, ddp_steps: int):
+    """Kill points: every step but the last of the one-process run (the first checkpoint follows
+    the memory-tracked step, smoke's 2nd: kills before it restart the run); the failing rank
+    dies in the DDP run's last step."""
+    for s in range(1, steps):
         yield f"kill in step {s}", [f"kill:{s}", "none"], 1
-    yield "kill while saving a checkpoint", [f"killsave:{max(2, steps // 2)}", "none"], 1
-    yield "corrupt newest checkpoint", [f"kill:{max(3, steps // 2 + 1)}", "corrupt", "none"], 1
-    yield "failing rank (DDP, 2 processes)", [f"kill:{max(2, steps // 2)}", "none"], 2
+    yield "kill while saving a checkpoint", [f"killsave:{max(3, steps // 2)}", "none"], 1
+    yield "corrupt newest checkpoint", [f"kill:{max(4, steps - 1)}", "corrupt", "none"], 1
+    yield "failing rank (DDP, 2 processes)", [f"kill:{ddp_steps}", "none"], 2
 
 
 def main() -> int:
@@ -154,7 +157,7 @@ def main() -> int:
                     reference_1, steps = reference, len(reference["steps"])
                 else:
                     reference_2 = reference
-            for name, faults, world in scenarios(task, steps - 1):
+            for name, faults, world in scenarios(task, steps, len(reference_2["steps"])):
                 out = tmp / f"{task}-{len(rows)}"
                 final = None
                 for fault in faults:

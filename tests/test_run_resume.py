@@ -89,7 +89,7 @@ def test_a_run_killed_twice_resumes_to_the_uninterrupted_record(tmp_path, task):
     _, reference = run_child(tmp_path, task, "optimized", tmp_path / "reference")
     assert reference is not None
     out = tmp_path / "interrupted"
-    for kill_at in (2, 4):
+    for kill_at in (3, 4):  # no checkpoint before the memory-tracked step (smoke: step 1) has run
         result, record = run_child(tmp_path, task, "optimized", out, kill_at=kill_at)
         assert result.returncode == -signal.SIGKILL and record is None, result.stderr[-2000:]
         assert any((out / ".checkpoints").rglob("*.pt")), "no checkpoint survived the kill"
@@ -101,6 +101,14 @@ def test_a_run_killed_twice_resumes_to_the_uninterrupted_record(tmp_path, task):
     assert _deterministic(resumed["metrics"]) == _deterministic(reference["metrics"])
     assert len({step["k"] for step in reference["steps"]}) >= 1
     assert not (out / ".checkpoints").exists(), "checkpoints are removed once the record is written"
+
+
+@pytest.mark.slow
+def test_no_checkpoint_before_the_memory_tracked_step(tmp_path):
+    out = tmp_path / "interrupted"
+    result, _ = run_child(tmp_path, "cifar10", "baseline", out, kill_at=2)  # smoke tracks step 1, the 2nd
+    assert result.returncode == -signal.SIGKILL
+    assert not any((out / ".checkpoints").rglob("*.pt")) if (out / ".checkpoints").exists() else True
 
 
 @pytest.mark.slow

@@ -151,7 +151,10 @@ def run(
                 throughput.add_step(step_items, step_s)
             steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss, **engine.stats()))
             bar.update(steps[-1]["effective_batch_size"])
-            if checkpoints.due(engine.optimizer_steps):
+            # Not before the step whose memory is broken down has run: resumed in a fresh process,
+            # that step would be the process's first (DDP's first iteration allocates what later
+            # ones do not), and the record's memory would depend on where the run was killed.
+            if engine.optimizer_steps > tracked_step and checkpoints.due(engine.optimizer_steps):
                 checkpoints.save(engine.optimizer_steps, dict(
                     model=bundle.model.state_dict(), optimizer=engine.optimizer.state_dict(),
                     engine=engine.state_dict(), rng=resume.rng_state(), micro_batches=batches.drawn,
