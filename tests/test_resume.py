@@ -38,7 +38,7 @@ def batch(index):
     return x, (x[:, :4].argmax(1) + (torch.rand(8, generator=g) < 0.2).long()) % 4
 
 
-def train(model, engine, steps, start_micro=0, poison=()):
+def train(model, engine, steps, start_micro=0, poison=(), poison_value=math.nan):
     """`steps` optimizer steps; returns (history per step, next micro-batch index)."""
     history, micro = [], start_micro
     for _ in range(steps):
@@ -48,7 +48,7 @@ def train(model, engine, steps, start_micro=0, poison=()):
             with engine.autocast():
                 loss = F.cross_entropy(model(x), y)
             if engine.optimizer_steps in poison:
-                loss = loss * math.nan
+                loss = loss * poison_value
             engine.backward(loss, num_items=len(y))
             engine.step()
             micro += 1
@@ -144,17 +144,18 @@ def test_noise_monitor_window_roundtrips():
 
 # ----------------------------------------------------------------------------- non-finite steps
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_non_finite_step_is_skipped_and_counted(precision):
+@pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "inf"])
+def test_a_non_finite_step_is_skipped_and_counted(precision, value):
     config = OptimizationConfig(precision=precision, k=2)
     model, _, engine = build(config)
     train(model, engine, 3)
     weights = [p.detach().clone() for p in model.parameters()]
     state = engine.optimizer.state_dict()["state"][0]["exp_avg"].clone()
-    history, _ = train(model, engine, 1, poison={3})
+    history, _ = train(model, engine, 1, poison={3}, poison_value=value)
     assert engine.skipped_steps == 1 and engine.consecutive_skipped_steps == 1 and engine.optimizer_steps == 4
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights)), "inf/nan reached the weights"
     assert torch.equal(engine.optimizer.state_dict()["state"][0]["exp_avg"], state)
-    assert math.isnan(engine.last_grad_norm)
+    assert not math.isfinite(engine.last_grad_norm)
     train(model, engine, 2)  # recovers: finite again, the run goes on
     assert engine.consecutive_skipped_steps == 0 and all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -227,3 +228,36 @@ def test_deepspeed_engine_resumes_through_its_checkpoint_api(tmp_path):
     first = run("first", tmp_path / "ckpt")
     resumed = run("resume", tmp_path / "ckpt")
     assert first[:-1] + resumed == uninterrupted
+
+
+DEEPSPEED_NONFINITE_SCRIPT = textwrap.dedent("""
+    import math, torch, torch.nn.functional as F
+    from trainopt_core import OptimizationConfig, prepare
+    from trainopt_core.precision import NonFiniteTrainingError
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3), OptimizationConfig(k=2),
+                     total_samples=400, micro_batch_size=4, backend="deepspeed")
+    x, y = torch.randn(4, 8), torch.zeros(4, dtype=torch.long)
+    try:
+        for step in range(4):
+            for _ in range(2):
+                loss = F.cross_entropy(engine.model(x), y)
+                engine.backward(loss * (math.nan if step == 2 else 1.0), num_items=4)
+                engine.step()
+    except NonFiniteTrainingError as error:
+        print("stopped:", error)
+    print("steps", engine.optimizer_steps, "finite", all(bool(torch.isfinite(p).all()) for p in engine.module.parameters()))
+    engine.close()
+""")
+
+
+@pytest.mark.slow
+def test_deepspeed_fp32_stops_before_a_non_finite_step_reaches_the_weights():
+    pytest.importorskip("deepspeed")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", DEEPSPEED_NONFINITE_SCRIPT], capture_output=True, text=True,
+                            timeout=300, env=env, cwd=REPO, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopped: non-finite gradients at optimizer step 3" in result.stdout
+    assert "steps 2 finite True" in result.stdout
