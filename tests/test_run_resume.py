@@ -33,7 +33,7 @@ CHILD = textwrap.dedent("""
 
     def run(rank=0):
         return runner.run(task, config, profile="smoke", seed=0, out_dir=out_dir, data_policy="standin",
-                          progress=False, checkpoint_every_steps=1)
+                          progress=False, checkpoint_every_steps=1, backend=os.environ.get("TEST_BACKEND", "torch"))
     if world == 1:
         record = run()
     else:
@@ -73,10 +73,10 @@ def _deterministic(value):
     return value
 
 
-def run_child(tmp_path, task, config, out_dir, kill_at=0, world=1):
+def run_child(tmp_path, task, config, out_dir, kill_at=0, world=1, backend="torch"):
     (tmp_path / "child_rank.py").write_text(CHILD_RANK)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}",
-           "PYTHONWARNINGS": "ignore"}
+           "PYTHONWARNINGS": "ignore", "TEST_BACKEND": backend, "DS_ACCELERATOR": "cpu"}
     result = subprocess.run([sys.executable, "-c", CHILD, task, config, str(out_dir), str(kill_at), str(world)],
                             capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RECORD ")]
@@ -101,6 +101,28 @@ def test_a_run_killed_twice_resumes_to_the_uninterrupted_record(tmp_path, task):
     assert _deterministic(resumed["metrics"]) == _deterministic(reference["metrics"])
     assert len({step["k"] for step in reference["steps"]}) >= 1
     assert not (out / ".checkpoints").exists(), "checkpoints are removed once the record is written"
+
+
+@pytest.mark.slow
+def test_a_deepspeed_run_resumes_through_deepspeeds_checkpoints(tmp_path):
+    # fp32 ZeRO-2 with adaptive k, schedule and checkpointing (the optimized rung without mixed
+    # precision): under DeepSpeed bf16 the ResNet's evaluation fails on CPU (BatchNorm in eval mode
+    # gets bf16 activations and fp32 running statistics), with or without checkpoints
+    pytest.importorskip("deepspeed")
+    _, reference = run_child(tmp_path, "cifar10", "-mixed_precision", tmp_path / "reference", backend="deepspeed")
+    assert reference is not None
+    out = tmp_path / "interrupted"
+    result, _ = run_child(tmp_path, "cifar10", "-mixed_precision", out, kill_at=4, backend="deepspeed")
+    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    (directory,) = (out / ".checkpoints").iterdir()
+    assert sorted(p.name for p in (directory / "deepspeed").iterdir() if p.is_dir()) == ["step0000002", "step0000003"]
+    result, resumed = run_child(tmp_path, "cifar10", "-mixed_precision", out, backend="deepspeed")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert any("after optimizer step 3" in note for note in resumed["notes"])
+    assert _deterministic(resumed["history"]) == _deterministic(reference["history"])
+    assert _deterministic(resumed["steps"]) == _deterministic(reference["steps"])
+    assert _deterministic(resumed["metrics"]) == _deterministic(reference["metrics"])
+    assert not (out / ".checkpoints").exists()
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ A run (`runner.run`) with checkpoints on (the profile's `checkpoint_every_minute
 
     <runs>/.checkpoints/<record name>/step<NNNNNNN>.rank<R>.pt
 
-holding the model, the optimizer, the engine (`engine.state_dict()`), every random generator
+holding the model, the optimizer, the engine (`engine.state_dict()`; with the DeepSpeed backend
+these three go through DeepSpeed's checkpoint API into `deepspeed/step<N>/` beside), every random generator
 (torch, CUDA, numpy, python), how many micro-batches the data stream has handed out, and the
 run's history, step log and clocks so far. A file is written to a temporary name, flushed to
 disk and renamed, so a kill leaves either the previous checkpoint or the new one, never half a
@@ -137,14 +138,21 @@ def newest_loadable(directory: Path, rank: int, identity: dict, world_size: int 
         # All ranks resume from one step: the smallest of their newest readable ones. Every rank
         # sees the same (lowest, highest) and so takes the same branch and the same collectives.
         mine = payload["step"] if payload is not None else -1
-        bounds = torch.tensor([mine, -mine], dtype=torch.int64)
+        bounds = torch.tensor([mine, -mine], dtype=torch.int64, device=collective_device())
         torch.distributed.all_reduce(bounds, op=torch.distributed.ReduceOp.MIN)
-        lowest, highest = int(bounds[0]), -int(bounds[1])
+        lowest, highest = int(bounds[0].item()), -int(bounds[1].item())
         if lowest < 0:
             return None
         if lowest == highest:
             return payload
         candidates = [lowest] if lowest in steps_saved(directory, rank) else []
+
+
+def collective_device() -> torch.device:
+    """Where a small tensor for a collective lives: NCCL reduces CUDA tensors only."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def remove(directory: Path) -> None:

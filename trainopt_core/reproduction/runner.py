@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,8 @@ def run(
     if carried is not None:
         history, steps, train_time_s, next_eval_samples = (
             carried["history"], carried["steps"], carried["train_time_s"], carried["next_eval_samples"])
-        _restore(carried, bundle.model, engine, throughput, batches)
+        checkpoints.restore_training_state(carried, bundle.model, engine)
+        _restore(carried, throughput, batches)
         notes.append(f"resumed from its in-run checkpoint after optimizer step {carried['step']} "
                      f"(a previous attempt was interrupted; wall-clock fields cover the attempts' training)")
     bar = tqdm(total=total_samples, initial=engine.samples_consumed, desc=f"{task} {cfg.name} seed {seed}",
@@ -155,9 +157,8 @@ def run(
             # that step would be the process's first (DDP's first iteration allocates what later
             # ones do not), and the record's memory would depend on where the run was killed.
             if engine.optimizer_steps > tracked_step and checkpoints.due(engine.optimizer_steps):
-                checkpoints.save(engine.optimizer_steps, dict(
-                    model=bundle.model.state_dict(), optimizer=engine.optimizer.state_dict(),
-                    engine=engine.state_dict(), rng=resume.rng_state(), micro_batches=batches.drawn,
+                checkpoints.save(engine.optimizer_steps, bundle.model, engine, dict(
+                    rng=resume.rng_state(), micro_batches=batches.drawn,
                     history=history, steps=steps, train_time_s=train_time_s, next_eval_samples=next_eval_samples,
                     throughput={key: getattr(throughput, key) for key in _THROUGHPUT_STATE},
                     memory=_memory_summary(memory, carried), energy_j=_energy_so_far(energy, carried),
@@ -263,8 +264,13 @@ class _CountedBatches:
 
 
 class _Checkpoints:
-    """When and where a run checkpoints itself (`reproduction.resume`); off for truncated runs
-    and for the DeepSpeed backend (whose engine checkpoints through DeepSpeed's own API)."""
+    """When and where a run checkpoints itself (`reproduction.resume`; off for truncated runs).
+
+    Torch backend: model, optimizer and engine state go into each rank's checkpoint file. DeepSpeed
+    backend: they go through DeepSpeed's own checkpoint API (`engine.save_checkpoint`: module,
+    ZeRO-partitioned optimizer state, loss scaler, engine state) into `<checkpoints>/deepspeed/
+    step<N>/`, written by every rank before any rank writes its own file; a step counts as saved
+    only when every rank's file exists, so a kill during DeepSpeed's save leaves no usable step N."""
 
     def __init__(self, record_file: Path, prof: TaskProfile, options: RunOptions, *, rank: int, world_size: int,
                  identity: dict):
@@ -275,8 +281,10 @@ class _Checkpoints:
         self.every_steps = every or None
         minutes = prof.checkpoint_every_minutes if every is None else None
         self.every_s = minutes * 60.0 if minutes else None
-        self.on = options.max_steps is None and options.backend == "torch" and bool(self.every_steps or self.every_s)
+        self.on = options.max_steps is None and bool(self.every_steps or self.every_s)
+        self.deepspeed = options.backend == "deepspeed"
         self.directory = resume.checkpoint_dir(record_file)
+        self.engine_dir = self.directory / "deepspeed"
         self.rank, self.world_size, self.identity = rank, world_size, resume.as_saved(identity)
         self.fresh = options.rerun
         self._last_save = time.perf_counter()
@@ -301,24 +309,46 @@ class _Checkpoints:
             return step % self.every_steps == 0
         due = time.perf_counter() - self._last_save >= self.every_s
         if self.world_size > 1:  # rank 0's clock decides, so every rank saves the same step
-            flag = torch.tensor([int(due)], dtype=torch.int64)
+            flag = torch.tensor([int(due)], dtype=torch.int64, device=resume.collective_device())
             torch.distributed.broadcast(flag, src=0)
             due = bool(flag.item())
         return due
 
-    def save(self, step: int, payload: dict) -> None:
+    def save(self, step: int, module: torch.nn.Module, engine, payload: dict) -> None:
+        if self.deepspeed:
+            engine.save_checkpoint(self.engine_dir, tag=self.tag(step))
+            if self.world_size > 1:
+                torch.distributed.barrier()  # every rank's DeepSpeed files are down before any marks the step
+        else:
+            payload = dict(payload, model=module.state_dict(), optimizer=engine.optimizer.state_dict(),
+                           engine=engine.state_dict())
         resume.save(self.directory, step, self.rank, dict(payload, identity=self.identity))
+        if self.deepspeed and self.rank == 0:  # DeepSpeed's folders of the steps no longer kept
+            kept = {self.tag(kept_step) for kept_step in resume.steps_saved(self.directory, 0)}
+            for folder in self.engine_dir.iterdir():
+                if folder.is_dir() and folder.name not in kept and folder.name < self.tag(step):
+                    shutil.rmtree(folder, ignore_errors=True)
         self._last_save = time.perf_counter()
+
+    @staticmethod
+    def tag(step: int) -> str:
+        return f"step{step:07d}"
+
+    def restore_training_state(self, carried: dict, module: torch.nn.Module, engine) -> None:
+        """Model, optimizer and engine state of the checkpoint `carried` belongs to."""
+        if self.deepspeed:
+            engine.load_checkpoint(self.engine_dir, tag=self.tag(carried["step"]))
+            return
+        module.load_state_dict(carried["model"])
+        engine.optimizer.load_state_dict(carried["optimizer"])
+        engine.load_state_dict(carried["engine"])
 
     def finished(self) -> None:
         if self.on and self.rank == 0:
             resume.remove(self.directory)
 
 
-def _restore(carried: dict, module: torch.nn.Module, engine, throughput, batches: _CountedBatches) -> None:
-    module.load_state_dict(carried["model"])
-    engine.optimizer.load_state_dict(carried["optimizer"])
-    engine.load_state_dict(carried["engine"])
+def _restore(carried: dict, throughput, batches: _CountedBatches) -> None:
     for key in _THROUGHPUT_STATE:
         setattr(throughput, key, carried["throughput"][key])
     for _ in range(carried["micro_batches"]):  # the data stream's own generator replays its draws
