@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-NOISY = {"time_s", "train_time_s", "wall_s", "time_to_target_wall_s", "throughput", "flops_utilization",
-         "peak_flops_per_s", "peak_flops_source", "energy_j"}
+sys.path.insert(0, str(REPO))
+from trainopt_core.reproduction.records import record_differences  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- child side
@@ -75,7 +75,7 @@ def child(task: str, config: str, out_dir: str, fault: str, world: int, rank_fau
         return
     record = runner.run(task, config, profile="smoke", seed=0, out_dir=out_dir, data_policy="standin",
                         progress=False, checkpoint_every_steps=1)
-    print("RECORD", json.dumps({k: record[k] for k in ("history", "steps", "metrics", "notes")}))
+    print("RECORD", json.dumps(record, default=str))
 
 
 def ddp_rank(task: str, config: str, out_dir: str, fault: str) -> dict:
@@ -83,7 +83,7 @@ def ddp_rank(task: str, config: str, out_dir: str, fault: str) -> dict:
     from trainopt_core.reproduction import runner
     record = runner.run(task, config, profile="smoke", seed=0, out_dir=out_dir, data_policy="standin",
                         progress=False, checkpoint_every_steps=1)
-    return {k: record[k] for k in ("history", "steps", "metrics", "notes")}
+    return record
 
 
 def ddp_child(task: str, config: str, out_dir: str, fault: str) -> None:
@@ -105,17 +105,9 @@ def launch(task, config, out_dir, fault="none", world=1):
     return result, (json.loads(lines[0][7:]) if lines else None)
 
 
-def deterministic(value):
-    if isinstance(value, dict):
-        return {k: deterministic(v) for k, v in value.items() if k not in NOISY}
-    if isinstance(value, list):
-        return [deterministic(v) for v in value]
-    return value
-
-
 def same(record, reference) -> bool:
-    return record is not None and all(
-        deterministic(record[key]) == deterministic(reference[key]) for key in ("history", "steps", "metrics"))
+    """Equal in everything a seed determines (`records.record_differences`: all but the clocks)."""
+    return record is not None and not record_differences(reference, record)
 
 
 def record_on_disk(out_dir: Path) -> dict | None:

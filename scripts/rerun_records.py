@@ -26,31 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-METRICS = ("final_quality", "peak_memory_bytes", "memory_breakdown_bytes", "optimizer_steps", "skipped_steps",
-           "flops_per_item", "target")
-HISTORY = ("samples", "step", "quality", "train_loss", "lr", "k", "loss_scale", "effective_batch_size", "b_simple")
-STEPS = ("step", "loss", "lr", "k", "effective_batch_size", "loss_scale", "skipped_steps", "grad_norm", "sigma_sq",
-         "grad_sq", "b_simple", "samples_consumed")
-IDENTITY = ("task", "config_name", "config", "config_hash", "profile", "seed", "data_source", "model_name",
-            "num_parameters", "micro_batch_size", "world_size", "status")
-
-
-def deterministic_fields(record: dict) -> dict:
-    return {
-        **{key: record.get(key) for key in IDENTITY},
-        **{f"metrics.{key}": record["metrics"].get(key) for key in METRICS},
-        **{f"history[{i}].{key}": entry.get(key) for i, entry in enumerate(record["history"]) for key in HISTORY},
-        "history.length": len(record["history"]),
-        **{f"steps[{i}].{key}": entry.get(key) for i, entry in enumerate(record["steps"]) for key in STEPS},
-        "steps.length": len(record["steps"]),
-    }
-
-
-def differences(reference: dict, other: dict) -> list[str]:
-    ref, new = deterministic_fields(reference), deterministic_fields(other)
-    return [f"{key}: {ref.get(key)!r} != {new.get(key)!r}" for key in sorted(set(ref) | set(new))
-            if ref.get(key) != new.get(key)]
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from trainopt_core.reproduction.records import deterministic_fields, record_differences  # noqa: E402
 
 def rerun(reference_dir: Path, out_dir: Path) -> None:
     from trainopt_core import OptimizationConfig
@@ -79,7 +56,7 @@ def compare(reference_dir: Path, other_dir: Path) -> int:
             failed += 1
             continue
         reference = json.loads(path.read_text())
-        found = differences(reference, json.loads(other.read_text()))
+        found = record_differences(reference, json.loads(other.read_text()))
         fields = len(deterministic_fields(reference))
         print(f"{'DIFFERS' if found else 'same   '} {path.name}: {fields} deterministic fields"
               + (f", {len(found)} differ" if found else ""))

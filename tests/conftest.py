@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 
 import pytest
@@ -40,3 +41,18 @@ def tf32_flags():
     else:
         matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     flops._cached_peak.cache_clear()
+
+
+@pytest.fixture
+def run_deepspeed_script():
+    """Runs a Python script (with arguments) in a fresh interpreter on DeepSpeed's CPU accelerator
+    and returns its stdout, after asserting that it exited 0; skips without DeepSpeed."""
+    pytest.importorskip("deepspeed")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+
+    def run(script: str, *args) -> str:
+        result = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                                timeout=300, env=env, cwd=REPO, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+    return run

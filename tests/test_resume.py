@@ -1,11 +1,7 @@
 """Engine state for exact resumption, and non-finite steps in bf16/fp32 (skipped, counted, stopped)."""
 import io
 import math
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +10,6 @@ import torch.nn.functional as F
 from trainopt_core import OptimizationConfig, prepare
 from trainopt_core.accumulation import GradientNoiseMonitor
 from trainopt_core.precision import NonFiniteTrainingError
-
-REPO = Path(__file__).resolve().parents[1]
 
 ADAPTIVE = OptimizationConfig(
     precision="bf16", k=3, adaptive=True, k_min=2, k_max=4, noise_window=4, schedule="cosine",
@@ -214,15 +208,10 @@ DEEPSPEED_RESUME_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_deepspeed_engine_resumes_through_its_checkpoint_api(tmp_path):
-    pytest.importorskip("deepspeed")
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-
+def test_deepspeed_engine_resumes_through_its_checkpoint_api(tmp_path, run_deepspeed_script):
     def run(mode, directory):
-        result = subprocess.run([sys.executable, "-c", DEEPSPEED_RESUME_SCRIPT, str(directory), mode],
-                                capture_output=True, text=True, timeout=300, env=env, cwd=REPO, check=False)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return [line for line in result.stdout.splitlines() if line.startswith(("step", "weights"))]
+        stdout = run_deepspeed_script(DEEPSPEED_RESUME_SCRIPT, directory, mode)
+        return [line for line in stdout.splitlines() if line.startswith(("step", "weights"))]
 
     uninterrupted = run("all", tmp_path / "unused")
     first = run("first", tmp_path / "ckpt")
@@ -253,11 +242,7 @@ DEEPSPEED_NONFINITE_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_deepspeed_fp32_stops_before_a_non_finite_step_reaches_the_weights():
-    pytest.importorskip("deepspeed")
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", DEEPSPEED_NONFINITE_SCRIPT], capture_output=True, text=True,
-                            timeout=300, env=env, cwd=REPO, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "stopped: non-finite gradients at optimizer step 3" in result.stdout
-    assert "steps 2 finite True" in result.stdout
+def test_deepspeed_fp32_stops_before_a_non_finite_step_reaches_the_weights(run_deepspeed_script):
+    stdout = run_deepspeed_script(DEEPSPEED_NONFINITE_SCRIPT)
+    assert "stopped: non-finite gradients at optimizer step 3" in stdout
+    assert "steps 2 finite True" in stdout

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from trainopt_core.reproduction import resume
+from trainopt_core.reproduction.records import record_differences
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,8 +42,7 @@ CHILD = textwrap.dedent("""
         import child_rank
         record = run_processes(child_rank.rank_fn, world, args=(task, config, out_dir, kill_at),
                                backend="gloo", threads_per_process=1, timeout_s=240)[0]
-    print("RECORD", json.dumps({"history": record["history"], "steps": record["steps"],
-                                "metrics": record["metrics"], "notes": record["notes"]}))
+    print("RECORD", json.dumps(record, default=str))
 """)
 
 # DDP ranks must be importable by the spawned children
@@ -58,20 +58,8 @@ CHILD_RANK = textwrap.dedent("""
         runner.one_optimizer_step = one_optimizer_step
         record = runner.run(task, config, profile="smoke", seed=0, out_dir=out_dir, data_policy="standin",
                             progress=False, checkpoint_every_steps=1)
-        return {key: record[key] for key in ("history", "steps", "metrics", "notes")}
+        return record
 """)
-
-NOISY = {"time_s", "train_time_s", "wall_s", "time_to_target_wall_s", "throughput", "flops_utilization",
-         "peak_flops_per_s", "peak_flops_source", "energy_j"}
-
-
-def _deterministic(value):
-    if isinstance(value, dict):
-        return {key: _deterministic(item) for key, item in value.items() if key not in NOISY}
-    if isinstance(value, list):
-        return [_deterministic(item) for item in value]
-    return value
-
 
 def run_child(tmp_path, task, config, out_dir, kill_at=0, world=1, backend="torch"):
     (tmp_path / "child_rank.py").write_text(CHILD_RANK)
@@ -96,9 +84,7 @@ def test_a_run_killed_twice_resumes_to_the_uninterrupted_record(tmp_path, task):
     result, resumed = run_child(tmp_path, task, "optimized", out)
     assert result.returncode == 0, result.stderr[-3000:]
     assert any("resumed from its in-run checkpoint after optimizer step 3" in note for note in resumed["notes"])
-    assert _deterministic(resumed["history"]) == _deterministic(reference["history"])
-    assert _deterministic(resumed["steps"]) == _deterministic(reference["steps"])
-    assert _deterministic(resumed["metrics"]) == _deterministic(reference["metrics"])
+    assert not record_differences(reference, resumed)
     assert len({step["k"] for step in reference["steps"]}) >= 1
     assert not (out / ".checkpoints").exists(), "checkpoints are removed once the record is written"
 
@@ -119,9 +105,7 @@ def test_a_deepspeed_run_resumes_through_deepspeeds_checkpoints(tmp_path):
     result, resumed = run_child(tmp_path, "cifar10", "-mixed_precision", out, backend="deepspeed")
     assert result.returncode == 0, result.stderr[-3000:]
     assert any("after optimizer step 3" in note for note in resumed["notes"])
-    assert _deterministic(resumed["history"]) == _deterministic(reference["history"])
-    assert _deterministic(resumed["steps"]) == _deterministic(reference["steps"])
-    assert _deterministic(resumed["metrics"]) == _deterministic(reference["metrics"])
+    assert not record_differences(reference, resumed)
     assert not (out / ".checkpoints").exists()
 
 
@@ -148,8 +132,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path):
     result, resumed = run_child(tmp_path, "cifar10", "baseline", out)
     assert result.returncode == 0, result.stderr[-3000:]
     assert any("after optimizer step 3" in note for note in resumed["notes"])
-    assert _deterministic(resumed["history"]) == _deterministic(reference["history"])
-    assert _deterministic(resumed["steps"]) == _deterministic(reference["steps"])
+    assert not record_differences(reference, resumed)
 
 
 @pytest.mark.slow
@@ -162,8 +145,7 @@ def test_a_ddp_run_whose_rank_is_killed_resumes_to_the_uninterrupted_record(tmp_
     result, resumed = run_child(tmp_path, "cifar10", "optimized", out, world=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert any("after optimizer step 2" in note for note in resumed["notes"])
-    assert _deterministic(resumed["history"]) == _deterministic(reference["history"])
-    assert _deterministic(resumed["steps"]) == _deterministic(reference["steps"])
+    assert not record_differences(reference, resumed)
 
 
 # ----------------------------------------------------------------------------- the checkpoint files

@@ -221,16 +221,11 @@ class TrainingEngine:
         self._set_grad_sync()
         if self.scaler is not None:
             mp.check_loss_scale(self._loss_scale, consecutive_skips=self.consecutive_skipped_steps)
-        else:
-            self._check_nonfinite_steps(backend="torch engine")
-        return stepped
-
-    def _check_nonfinite_steps(self, *, backend: str) -> None:
-        """bf16/fp32: stop after `config.max_nonfinite_steps` consecutive non-finite steps."""
-        if self.consecutive_skipped_steps >= self.config.max_nonfinite_steps:
+        elif self.consecutive_skipped_steps >= self.config.max_nonfinite_steps:  # bf16/fp32
             raise mp.nonfinite_steps_error(
                 step=self.optimizer_steps, grad_norm=self.last_grad_norm, consecutive=self.consecutive_skipped_steps,
-                allowed=self.config.max_nonfinite_steps, precision=self.config.precision, backend=backend)
+                allowed=self.config.max_nonfinite_steps, precision=self.config.precision, backend="torch engine")
+        return stepped
 
     # ------------------------------------------------------------------ internals
     def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:

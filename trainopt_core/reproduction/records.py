@@ -60,10 +60,9 @@ def condition_differences(record: dict, conditions: dict, *, ignore_settings=())
     made = dict(record.get("conditions") or {})
     conditions = dict(conditions)
     ignore_settings = set(ignore_settings) | set(NEVER_COMPARED_SETTINGS)
-    if ignore_settings:
-        for side in (made, conditions):
-            if isinstance(side.get("profile_settings"), dict):
-                side["profile_settings"] = {k: v for k, v in side["profile_settings"].items() if k not in ignore_settings}
+    for side in (made, conditions):
+        if isinstance(side.get("profile_settings"), dict):
+            side["profile_settings"] = {k: v for k, v in side["profile_settings"].items() if k not in ignore_settings}
     return [key for key in sorted(set(made) | set(conditions)) if made.get(key) != conditions.get(key)]
 
 
@@ -98,3 +97,34 @@ def _json_default(value):
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serializable: {type(value)}")
+
+
+# ------------------------------------------------------------------ what a seed determines
+DETERMINISTIC_METRICS = ("final_quality", "peak_memory_bytes", "memory_breakdown_bytes", "optimizer_steps", "skipped_steps",
+           "flops_per_item", "target")
+DETERMINISTIC_HISTORY = ("samples", "step", "quality", "train_loss", "lr", "k", "loss_scale", "effective_batch_size", "b_simple")
+DETERMINISTIC_STEPS = ("step", "loss", "lr", "k", "effective_batch_size", "loss_scale", "skipped_steps", "grad_norm", "sigma_sq",
+         "grad_sq", "b_simple", "samples_consumed")
+IDENTITY_FIELDS = ("task", "config_name", "config", "config_hash", "profile", "seed", "data_source", "model_name",
+            "num_parameters", "micro_batch_size", "world_size", "status")
+
+
+def deterministic_fields(record: dict) -> dict:
+    """What a seed determines in a run record, flattened to {field: value}: identity, the
+    deterministic metrics (quality, memory, steps), every evaluation and every optimizer step
+    without its clock readings. Equal on one machine for the same code path and data order."""
+    return {
+        **{key: record.get(key) for key in IDENTITY_FIELDS},
+        **{f"metrics.{key}": record["metrics"].get(key) for key in DETERMINISTIC_METRICS},
+        **{f"history[{i}].{key}": entry.get(key) for i, entry in enumerate(record["history"]) for key in DETERMINISTIC_HISTORY},
+        "history.length": len(record["history"]),
+        **{f"steps[{i}].{key}": entry.get(key) for i, entry in enumerate(record["steps"]) for key in DETERMINISTIC_STEPS},
+        "steps.length": len(record["steps"]),
+    }
+
+
+def record_differences(reference: dict, other: dict) -> list[str]:
+    """Every deterministic field (`deterministic_fields`) in which `other` differs from `reference`."""
+    ref, new = deterministic_fields(reference), deterministic_fields(other)
+    return [f"{key}: {ref.get(key)!r} != {new.get(key)!r}" for key in sorted(set(ref) | set(new))
+            if ref.get(key) != new.get(key)]

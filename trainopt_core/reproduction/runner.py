@@ -115,9 +115,10 @@ def run(
     tracked_step = prof.throughput_warmup_steps  # the optimizer step whose memory is broken down
     train_time_s, next_eval_samples = 0.0, 0
     batches = _CountedBatches(bundle.train_batches(micro, seed=seed))
+    # a checkpoint resumes only the run that wrote it: world size, micro-batch and the rest follow
+    # from these (conditions hold the machine, backend, world size and profile settings)
     checkpoints = _Checkpoints(path, prof, options, rank=rank, world_size=world_size, identity=dict(
-        task=task, config=cfg.computation_fields(), computation=computation, seed=seed, profile=profile,
-        conditions=conditions, world_size=world_size, micro_batch_size=micro,
+        task=task, config=cfg.computation_fields(), seed=seed, profile=profile, conditions=conditions,
         code=measure.manifest.code_commit()))
     carried = checkpoints.newest()
     if carried is not None:
@@ -174,9 +175,7 @@ def run(
                                     conditions=conditions, history=history, steps=steps, notes=notes))
         raise
     bar.close()
-    energy_j, energy_source = energy.stop()
-    if carried is not None and energy_j is not None and carried["energy_j"] is not None:
-        energy_j += carried["energy_j"]
+    energy_j, energy_source = _energy_so_far(energy, carried), energy.energy_source
     wall_s = time.perf_counter() - wall_start
     engine.close()
     summary = _memory_summary(memory, carried)
@@ -370,7 +369,9 @@ def _memory_summary(memory, carried: dict | None) -> dict:
 
 
 def _energy_so_far(energy, carried: dict | None) -> float | None:
-    joules, _ = energy.stop()  # a reading since start; the meter keeps counting
+    """Joules of this attempt (a reading since start; the meter keeps counting) plus the
+    interrupted attempts' (None where the meter has no counter)."""
+    joules, _ = energy.stop()
     if joules is None:
         return None
     return joules + ((carried["energy_j"] or 0.0) if carried else 0.0)
