@@ -143,6 +143,37 @@ def test_a_run_that_computes_what_another_did_is_taken_from_it(tmp_path, monkeyp
                    progress=False)
 
 
+@pytest.mark.parametrize("task", ["cifar10", "wikitext2"])
+def test_a_checkpointing_twin_takes_the_curve_and_measures_only_its_memory_and_speed(tmp_path, task):
+    """+checkpointing computes what +lr_schedule does, recomputing activations in backward
+    (ResNet: BatchNorm; GPT-2: dropout's RNG replayed). Taken from +lr_schedule's run with a
+    probe of its own first steps, its record equals in every deterministic field -- curve,
+    steps, peak memory and its breakdown -- the record of +checkpointing trained in full."""
+    shared, alone = tmp_path / "shared", tmp_path / "alone"
+    kwargs = dict(profile="smoke", seed=0, data_policy="standin", progress=False)
+    plain = runner.run(task, "+lr_schedule", out_dir=shared, **kwargs)
+    derived = runner.run(task, "+checkpointing", out_dir=shared, **kwargs)
+    trained = runner.run(task, "+checkpointing", out_dir=alone, **kwargs)
+    assert derived["quality_from"] == "+lr_schedule" and "quality_from" not in trained
+    assert run_records.record_differences(trained, derived) == []
+    assert derived["metrics"]["peak_memory_bytes"] != plain["metrics"]["peak_memory_bytes"]  # measured, not copied
+    assert derived["metrics"]["probe_optimizer_steps"] < trained["metrics"]["optimizer_steps"]
+    assert derived["metrics"]["time_to_target_wall_s"] is None and derived["metrics"]["train_time_s"] is None
+    assert all(h["time_s"] is None for h in derived["history"]) and derived["metrics"]["throughput"] > 0
+    assert "bit-identically" in derived["notes"][-1]
+    (written,) = shared.glob(f"{task}__plus_checkpointing__*.json")
+    assert run_records.load_record(written) == json.loads(json.dumps(derived))
+
+
+def test_quality_twins_only_where_recompute_is_established_bit_identical():
+    plain, checkpointed = OptimizationConfig.preset("+lr_schedule"), OptimizationConfig.preset("+checkpointing")
+    same = dict(world_size=1, backend="torch", device_type="cpu")
+    assert run_records.quality_hash(plain, **same) == run_records.quality_hash(checkpointed, **same)
+    assert run_records.quality_hash(plain, **same) != run_records.quality_hash(OptimizationConfig.preset("+accumulation"), **same)
+    for other in (dict(device_type="cuda"), dict(world_size=2), dict(backend="deepspeed")):
+        assert run_records.quality_hash(checkpointed, **dict(same, **other)) is None
+
+
 def test_interrupted_run_leaves_no_record_that_looks_complete(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = runner.one_optimizer_step

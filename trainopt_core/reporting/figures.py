@@ -69,9 +69,12 @@ def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
         return _empty(fig, ax, f"no complete runs for task {task!r}")
     colors = _palette(r["config_name"] for r in chosen)
     accuracy = chosen[0]["metrics"].get("quality_name") == "accuracy"
-    seen = set()
+    seen, unclocked = set(), {}
     for r in chosen:
         times = [h["time_s"] for h in r["history"]]
+        if None in times:  # its curve is another run's (runner: checkpointing twins); that run is plotted
+            unclocked.setdefault(r["config_name"], r.get("quality_from"))
+            continue
         values = [h["quality"] * (100 if accuracy else 1) for h in r["history"]]
         label = r["config_name"] if r["config_name"] not in seen else None
         seen.add(r["config_name"])
@@ -82,6 +85,9 @@ def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
                    label=f"target {target * 100:.0f}%" if accuracy else f"target PPL {target:g}")
     if not accuracy:
         ax.set_yscale("log")
+    if unclocked:
+        ax.text(0.01, 0.01, "no clock of their own (same curve as the run named): " + ", ".join(
+            f"{name} = {source}" for name, source in unclocked.items()), transform=ax.transAxes, fontsize=7, va="bottom")
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel("test accuracy (%)" if accuracy else "validation perplexity (log scale)")
     ax.legend(fontsize=8)

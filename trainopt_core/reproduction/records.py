@@ -77,6 +77,19 @@ def computation_hash(cfg: OptimizationConfig, *, world_size: int, backend: str) 
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def quality_hash(cfg: OptimizationConfig, *, world_size: int, backend: str, device_type: str) -> str | None:
+    """What a run's quality curve depends on: its computation (`computation_hash`) without its
+    activation checkpointing. Checkpointing recomputes the same values in backward (dropout
+    replays its RNG, BatchNorm statistics are kept across the recompute), so on the CPU, one
+    process and the torch engine a configuration and its checkpointing twin train bit-identically
+    and differ only in memory and speed; tests/test_runner.py checks it. None where that
+    is not established: CUDA kernels need not be deterministic, and several processes or
+    DeepSpeed reduce and partition in their own order."""
+    if device_type != "cpu" or world_size != 1 or backend != "torch":
+        return None
+    return computation_hash(cfg.replace(checkpointing=None), world_size=world_size, backend=backend)
+
+
 def write_record(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial.json")

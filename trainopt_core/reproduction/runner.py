@@ -8,10 +8,18 @@ run continues from its last checkpoint; a run stopped by non-finite training lea
 with status "failed" and the error. A run records what is deterministic for its seed -- quality, samples and steps
 to target, peak memory -- and its own clock beside it; the seconds per sample the tables use
 come from interleaved timing windows (`reproduction.throughput`).
+
+Runs that would repeat a finished run of the same seed are not trained again: a ZeRO rung on
+one process computes exactly what its ZeRO-0 twin did (`records.computation_hash`), and on the
+CPU a configuration that differs from a finished one only by activation checkpointing trains
+bit-identically to it (`records.quality_hash`). The first takes the whole record; the second
+takes the quality curve and measures its own memory and speed in a few optimizer steps
+(`quality_from` names the run; it has no whole-run clock).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import time
@@ -28,7 +36,8 @@ from ..precision import NonFiniteTrainingError
 from . import resume
 from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
 from .records import (
-    RECORD_SCHEMA, computation_hash, condition_differences, load_record, record_path, run_conditions, write_record,
+    RECORD_SCHEMA, computation_hash, condition_differences, load_record, quality_hash, record_path, run_conditions,
+    write_record,
 )
 from .tasks import Task, build_task
 
@@ -98,6 +107,15 @@ def run(
         twin = _same_computation(Path(out_dir), task, profile, seed, computation, conditions)
         if twin is not None and options.max_steps is None:
             record = _as_twin_of(twin, cfg)
+            if rank == 0:
+                write_record(path, record)
+            return record
+        same_quality = quality_hash(cfg, world_size=world_size, backend=options.backend, device_type=device.type)
+        quality_twin = _same_quality(Path(out_dir), task, profile, seed, same_quality, conditions)
+        if quality_twin is not None and options.max_steps is None:
+            probe = run(task, cfg, profile=profile, seed=seed, out_dir=out_dir, options=dataclasses.replace(
+                options, max_steps=prof.throughput_warmup_steps + PROBE_MEASURED_STEPS, rerun=True, progress=False))
+            record = _with_quality_of(quality_twin, probe)
             if rank == 0:
                 write_record(path, record)
             return record
@@ -387,6 +405,59 @@ def _same_computation(out_dir: Path, task: str, profile: str, seed: int, computa
                 and not condition_differences(record, conditions, ignore_settings=TIMING_ONLY_SETTINGS)):
             return record
     return None
+
+
+# optimizer steps a run whose quality curve comes from its checkpointing twin measures itself,
+# after the warm-up: the step whose memory is broken down and one timed step
+PROBE_MEASURED_STEPS = 2
+# what such a run measures itself; the rest of its metrics come from the twin's curve or,
+# being clock readings of a whole run, are None
+_PROBE_METRICS = ("throughput", "throughput_unit", "peak_memory_bytes", "evaluation_peak_memory_bytes", "memory_source",
+                  "memory_breakdown_bytes", "flops_per_item", "peak_flops_per_s", "peak_flops_source", "flops_utilization",
+                  "energy_source", "zero_bucket_sizes", "wall_s")
+_CURVE_METRICS = ("samples_to_target", "steps_to_target", "target", "final_quality", "quality_name", "skipped_steps",
+                  "optimizer_steps")
+
+
+def _same_quality(out_dir: Path, task: str, profile: str, seed: int, quality: str | None, conditions: dict) -> dict | None:
+    """A finished, fully trained record of this seed whose quality curve this run would repeat
+    bit for bit (`records.quality_hash`: the same computation up to activation checkpointing),
+    made under the same conditions, or None."""
+    if quality is None:
+        return None
+    for candidate in sorted(out_dir.glob(f"{task}__*__{profile}__*__seed{seed}.json")):
+        record = load_record(candidate)
+        if (record is None or record.get("seed") != seed or record.get("quality_from")
+                or condition_differences(record, conditions, ignore_settings=TIMING_ONLY_SETTINGS)):
+            continue
+        try:
+            made = OptimizationConfig.from_dict(record["config"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if quality_hash(made, world_size=record.get("world_size", 1), backend=conditions["backend"],
+                        device_type=conditions["device_type"]) == quality:
+            return record
+    return None
+
+
+def _with_quality_of(twin: dict, probe: dict) -> dict:
+    """The record of a run whose quality curve is `twin`'s: identity, memory and speed from its
+    own first optimizer steps (`probe`), curve and steps from `twin` without its clock."""
+    def unclocked(entries: list[dict]) -> list[dict]:
+        return [dict(entry, time_s=None) for entry in entries]
+
+    metrics = {key: probe["metrics"].get(key) for key in _PROBE_METRICS}
+    metrics.update({key: twin["metrics"].get(key) for key in _CURVE_METRICS})
+    metrics.update(time_to_target_wall_s=None, train_time_s=None, energy_j=None,
+                   probe_optimizer_steps=probe["metrics"]["optimizer_steps"])
+    record = dict(probe, status="complete", quality_from=twin["config_name"], history=unclocked(twin["history"]),
+                  steps=unclocked(twin["steps"]), metrics=metrics)
+    record["notes"] = [*probe["notes"], (
+        f"quality curve from the run of {twin['config_name']!r}: activation checkpointing recomputes the same "
+        f"values, so both train bit-identically; memory and throughput measured in this configuration's own first "
+        f"{probe['metrics']['optimizer_steps']} optimizer steps; no whole-run clock (time to target comes from the "
+        f"interleaved timing windows)")]
+    return record
 
 
 def _as_twin_of(twin: dict, cfg: OptimizationConfig) -> dict:

@@ -48,6 +48,9 @@ def time_at_samples(record: dict, samples: np.ndarray) -> np.ndarray:
     steps = record.get("steps") or []
     if not steps:
         _fail("record", record.get("config_name"), "a run record with per-step statistics ('steps')")
+    if any(s.get("time_s") is None for s in steps):
+        _fail("record", record.get("config_name"), "a run record with its own per-step clock (this one's curve "
+              f"comes from the run of {record.get('quality_from')!r}; use that run's record)")
     consumed = np.array([0.0] + [s["samples_consumed"] for s in steps])
     clock_s = np.array([0.0] + [s["time_s"] for s in steps])
     return np.interp(samples, consumed, clock_s)
