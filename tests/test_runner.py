@@ -165,6 +165,19 @@ def test_a_checkpointing_twin_takes_the_curve_and_measures_only_its_memory_and_s
     assert run_records.load_record(written) == json.loads(json.dumps(derived))
 
 
+def test_record_comparison_ignores_guard_fields_and_sees_everything_a_seed_determines(smoke_records):
+    out, _ = smoke_records
+    path = next(out.glob("wikitext2__baseline__*__seed0.json"))
+    record = json.loads(path.read_text())
+    older = json.loads(path.read_text())
+    older["config"].pop("max_nonfinite_steps")  # a record from before the guard existed
+    assert run_records.record_differences(record, older) == []
+    changed = json.loads(path.read_text())
+    changed["config"]["clip_norm"] = 0.5
+    changed["steps"][1]["loss"] += 1e-9
+    assert [d.split(":")[0] for d in run_records.record_differences(record, changed)] == ["config", "steps[1].loss"]
+
+
 def test_quality_twins_only_where_recompute_is_established_bit_identical():
     plain, checkpointed = OptimizationConfig.preset("+lr_schedule"), OptimizationConfig.preset("+checkpointing")
     same = dict(world_size=1, backend="torch", device_type="cpu")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import OptimizationConfig
+from ..config import GUARD_FIELDS, OptimizationConfig
 from ..measure import hardware_fingerprint
 
 RECORD_SCHEMA = 2  # 2: conditions, samples/steps to target, wall-clock time to target kept beside
@@ -126,8 +126,11 @@ def deterministic_fields(record: dict) -> dict:
     """What a seed determines in a run record, flattened to {field: value}: identity, the
     deterministic metrics (quality, memory, steps), every evaluation and every optimizer step
     without its clock readings. Equal on one machine for the same code path and data order."""
+    identity = {key: record.get(key) for key in IDENTITY_FIELDS}
+    if isinstance(identity["config"], dict):  # guards decide only whether a run may go on
+        identity["config"] = {k: v for k, v in identity["config"].items() if k not in GUARD_FIELDS}
     return {
-        **{key: record.get(key) for key in IDENTITY_FIELDS},
+        **identity,
         **{f"metrics.{key}": record["metrics"].get(key) for key in DETERMINISTIC_METRICS},
         **{f"history[{i}].{key}": entry.get(key) for i, entry in enumerate(record["history"]) for key in DETERMINISTIC_HISTORY},
         "history.length": len(record["history"]),
