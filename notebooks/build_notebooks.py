@@ -28,11 +28,18 @@ from trainopt_core import reporting
 from trainopt_core.reporting import figures, tables
 from trainopt_core.reporting.notebook import (
     TASK_LABELS, configuration_table, paper_claims_frame, parse_tasks, publish_figure, publish_table,
-    records_of, report_paths, run_grid, show_markdown, table_name, timed_grid)
+    records_of, report_paths, run_grid, show_markdown, show_table, table_name, timed_grid)
 
 paths = report_paths(reports_dir, profile)
 tasks = parse_tasks(tasks)
 print(f"profile {profile!r}, {seeds} seed(s), tasks {tasks}; run records in {paths.runs}")'''
+
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+REFERENCE_PYTHON = "3.11.7"  # the Python of the environment the reports were made in
+LANGUAGE_INFO = {"name": "python", "version": REFERENCE_PYTHON, "mimetype": "text/x-python",
+                 "codemirror_mode": {"name": "ipython", "version": 3}, "pygments_lexer": "ipython3",
+                 "nbconvert_exporter": "python", "file_extension": ".py"}
 
 
 def md(text: str):
@@ -54,8 +61,11 @@ def notebook(name: str, cells, extra_parameters: str = "") -> nbformat.NotebookN
     stem = name.split(".")[0].replace("_", "-")
     for index, cell in enumerate(nb.cells):
         cell.id = f"{stem}-{index:02d}"
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
+    # What ipykernel's python3 kernel reports when JupyterLab connects: JupyterLab writes both into
+    # the notebook and marks it modified unless they are already equal. The version is the
+    # project environment's Python; under another one JupyterLab updates that field on opening.
+    nb.metadata["kernelspec"] = KERNELSPEC
+    nb.metadata["language_info"] = LANGUAGE_INFO
     return nb
 
 
@@ -97,8 +107,8 @@ the paper's ±0.5 % and is not held when it lies entirely outside. Anything else
 Table I (CIFAR-10, ResNet-50) and Table II (WikiText-2, GPT-2 small) as printed, measured on
 4× RTX 3090.
 """),
-    code('''display(paper_claims_frame("table1_cifar10_resnet50"))
-display(paper_claims_frame("table2_wikitext2_gpt2"))''', CHECK),
+    code('''show_table(paper_claims_frame("table1_cifar10_resnet50"))
+show_table(paper_claims_frame("table2_wikitext2_gpt2"))''', CHECK),
     md("""
 ## The two configurations
 
@@ -106,7 +116,7 @@ As requested. On a CPU a profile runs the reduced precision as bf16 (fp16 autoca
 there) and single-process ZeRO-2 partitions nothing; each run record notes such changes and
 every table caption repeats them.
 """),
-    code('configuration_table(["baseline", "optimized"])', CHECK),
+    code('show_table(configuration_table(["baseline", "optimized"]))', CHECK),
     md("""
 ## Runs
 
@@ -158,13 +168,13 @@ from trainopt_core import ABLATION_LADDER, leave_one_out
 ladder = [c.name for c in ABLATION_LADDER]
 without_one = [c.name for c in leave_one_out()]'''),
     md("## The paper's Table III"),
-    code('paper_claims_frame("table3_ablation_cifar10")', CHECK),
+    code('show_table(paper_claims_frame("table3_ablation_cifar10"))', CHECK),
     md("""
 ## The configurations
 
 The cumulative ladder, then leave-one-out (each removes one component from `optimized`).
 """),
-    code('configuration_table(ladder + ["optimized"] + without_one)', CHECK),
+    code('show_table(configuration_table(ladder + ["optimized"] + without_one))', CHECK),
     md("## Runs (finished records are reused)"),
     code('''records = timed_grid(tasks, ladder + ["optimized"] + without_one, seeds=seeds, profile=profile,
                      paths=paths, data_policy=data_policy)''', IGNORE),
@@ -211,7 +221,7 @@ gap between the measured and the modelled 2-process rows shows its size here.
 """),
     code(SETUP),
     md("## The paper's Table IV"),
-    code('paper_claims_frame("table4_scaling_cifar10")', CHECK),
+    code('show_table(paper_claims_frame("table4_scaling_cifar10"))', CHECK),
     md("""
 ## Measurement
 
@@ -362,37 +372,52 @@ Choose the components and their settings; the panel shows the memory the paper's
 predict -- eq. 8 (activations ÷ k at the same effective batch), eq. 17 (reduced precision halves
 weights and gradients), eq. 19 (√L checkpointing keeps segment inputs plus one recomputed
 segment) -- calibrated on the measured baseline run, beside what the matching runs measured
-(memory, throughput, time to target, final quality) and their quality curves. Run notebooks 1
-and 2 first (or `./run_all.sh`) so there are runs to compare with.
+(memory, throughput, time to target, final quality), why the two differ, and the runs' quality
+curves. Run notebooks 1 and 2 first (or `./run_all.sh`) so there are runs to compare with.
+
+The controls: **task** (the model: its block count L bounds **segments**); **components** (the
+optimizations switched on; ctrl/shift-click to choose several); **k** (micro-batches per
+optimizer step; with **adaptive k** the starting value, the engine then moves it within
+[k_min, k_max] as the gradient noise scale moves); **precision** (defaults to what the
+optimized runs used: bf16 on a CPU); **segments** or **⌈√L⌉ segments** (activation
+checkpointing's segment count). Measured columns stay empty where no run used the settings.
 """),
     code(SETUP.replace("run_grid, ", "").replace(", timed_grid", "") + '''
 from trainopt_core.reporting import explorer
-from trainopt_core.checkpointing import expected_saved_fraction, resolve_segments'''),
+from trainopt_core.checkpointing import expected_saved_fraction, resolve_segments
+from trainopt_core.reproduction.profiles import get_profile'''),
     md("""
 ## Eq. 19 in numbers
 
-Fraction of the activation memory √L checkpointing keeps, for the ResNet's 16 bottleneck blocks
-and GPT-2's 12 transformer blocks, at ⌈√L⌉ and at other segment counts.
+Fraction of the activation memory √L checkpointing keeps for this profile's models (L blocks:
+the ResNet's bottleneck blocks, GPT-2's transformer blocks), at ⌈√L⌉ and at other segment
+counts from 1 to L.
 """),
     code('''import pandas as pd
-pd.DataFrame([dict(blocks=L, segments=f"sqrt -> {resolve_segments(L, s)}" if s == "sqrt" else s,
-                   kept_fraction=round(expected_saved_fraction(L, s), 4))
-              for L in (16, 12) for s in ("sqrt", 2, 8)])''', CHECK),
+rows = []
+for task in tasks:
+    L = explorer.num_blocks_of(get_profile(task, profile).to_dict())
+    for s in dict.fromkeys(["sqrt", 1, 2, L]):
+        rows.append({"model": TASK_LABELS[task]["file"], "blocks L": L,
+                     "segments": f"⌈√L⌉ = {resolve_segments(L, s)}" if s == "sqrt" else s,
+                     "activations kept": f"{100 * expected_saved_fraction(L, s):.1f} %"})
+show_table(pd.DataFrame(rows))''', CHECK),
     md("## Measured runs of this profile"),
     code('''records = reporting.load_records(reports_dir, profile, tasks=tasks)
 print(f"{len(records)} complete run record(s) of profile {profile!r}")
 if records:
-    display(reporting.aggregate(records)[["task", "config_name", "n_seeds", "precision", "throughput_mean",
-                                        "peak_memory_bytes_mean", "time_to_target_s_mean", "final_quality_mean"]])''',
+    show_table(explorer.runs_summary(records))''',
          IGNORE),
     md("""
 ## The optimized configuration, predicted vs measured
 """),
     code('''for task in tasks:
     if any(r["task"] == task and r["config_name"] == "baseline" for r in records):
-        show_markdown(f"**{TASK_LABELS[task]['description']}**")
-        table = explorer.explore(records, task, explorer.config_from_components(explorer.EXPLORER_COMPONENTS))
-        display(explorer.format_explore(table))
+        config = explorer.config_from_components(explorer.EXPLORER_COMPONENTS,
+                                                 precision=explorer.precision_that_ran(records, task))
+        table = explorer.explore(records, task, config)
+        show_markdown(f"**{TASK_LABELS[task]['description']}**. Data: {table.attrs['data_source']}")
+        show_table(explorer.format_explore(table))
         print(table.attrs["note"] or "runs matched: " + ", ".join(table.attrs["matched_runs"]))''',
          IGNORE),
     md("## Interactive panel"),

@@ -205,13 +205,53 @@ def test_explore_matches_a_bf16_run_to_a_fp16_choice_and_shows_both_columns():
     choice = explorer.config_from_components(explorer.EXPLORER_COMPONENTS, precision="fp16")
     assert explorer.find_measured([base, opt], "cifar10", choice) == [opt]
     table = explorer.explore([base, opt], "cifar10", choice).set_index("quantity")
-    assert table.loc["throughput", "measured"] == 1234.0
+    assert table.loc["throughput (img/s)", "measured"] == 1234.0
     assert table.loc["memory: activations", "predicted"] == pytest.approx(
         100.0 * 8 / 4 * expected_saved_fraction(4, "sqrt"))
     assert not math.isnan(table.loc["memory: total", "measured"])
     shown = explorer.format_explore(table.reset_index()).set_index("quantity")
-    assert shown.loc["throughput", "measured"] == "1,234" and shown.loc["memory: total", "measured"].endswith(" MiB")
+    assert shown.loc["throughput (img/s)", "measured"] == "1,234" and shown.loc["memory: total", "measured"].endswith(" MiB")
+    assert shown.loc["final quality (test accuracy, %)", "measured"] == "50"  # 0.5 accuracy, shown in %
     assert explorer.explorer_app([base, opt]) is not None  # the widget panel builds headless
+
+
+def test_explore_says_why_each_measurement_differs_from_the_prediction():
+    base = make_record(config="baseline", breakdown={"parameters": 4000.0, "gradients": 10.0, "optimizer_state": 8000.0,
+                                                     "activations": 800.0, "temporaries": 50.0})
+    base["profile_settings"] = {"model": {"layers": [1, 1, 1, 1], "width": 4}}
+    base["config"] = OptimizationConfig.baseline().to_dict()
+    opt = make_record(config="optimized", precision="bf16", breakdown={
+        "parameters": 4000.0, "gradients": 4000.0, "optimizer_state": 8000.0, "activations": 30.0, "temporaries": 500.0})
+    opt["config"] = OptimizationConfig.optimized().replace(precision="bf16").to_dict()
+    records = [base, opt]
+    assert explorer.precision_that_ran(records, "cifar10") == "bf16"
+    optimized = explorer.explore(records, "cifar10", explorer.config_from_components(
+        explorer.EXPLORER_COMPONENTS, precision="bf16")).set_index("quantity")["why they differ"]
+    assert "FP32 weights the optimizer updates" in optimized["memory: parameters"]
+    assert "FP32 under autocast" in optimized["memory: gradients"]
+    assert "recomputed in backward holds its activations as temporaries" in optimized["memory: activations"]
+    assert "recomputed segment" in optimized["memory: temporaries"]
+    baseline = explorer.explore(records, "cifar10", OptimizationConfig.baseline()).set_index("quantity")["why they differ"]
+    assert "before most gradients exist" in baseline["memory: gradients"]  # 10 bytes against 4000 predicted
+    assert all(baseline.loc[[q for q in baseline.index if q.startswith("memory")]])  # every memory row explained
+    summary = explorer.runs_summary(records)
+    assert list(summary["configuration"]) == ["baseline", "optimized"] and "NOT CIFAR-10" in summary["data"][0]
+    assert summary["peak memory"][0].endswith(" MiB") and summary["final quality"][0] == "50 % accuracy"
+
+
+def test_explorer_controls_are_bounded_by_the_model_and_default_to_what_ran():
+    base = make_record(config="baseline", breakdown={"activations": 8e8})
+    base["profile_settings"] = {"model": {"layers": [3, 4, 6, 3], "width": 4}}
+    base["config"] = OptimizationConfig.baseline().to_dict()
+    gpt = make_record(task="wikitext2", config="optimized", precision="bf16")
+    gpt["profile_settings"] = {"model": {"n_layer": 4}}
+    gpt["config"] = OptimizationConfig.optimized().replace(precision="bf16").to_dict()
+    app = explorer.explorer_app([base, gpt], tasks=("wikitext2", "cifar10"))
+    (task, _), (_, _, precision), (segments, _) = (box.children for box in app.children[0].children)
+    assert precision.value == "bf16"
+    assert (segments.min, segments.max, segments.value) == (1, 4, 2)  # GPT-2: L = 4, ⌈√4⌉ = 2
+    task.value = "cifar10"
+    assert (segments.max, segments.value) == (16, 4)  # ResNet (3, 4, 6, 3): L = 16
 
 
 def test_explorer_panel_redraws_its_prediction_when_a_control_changes(capsys):

@@ -31,13 +31,27 @@ def code_cells(nb):
 def test_stored_notebook_has_no_outputs_a_kernelspec_and_a_parameters_cell(name):
     nb = read(NOTEBOOK_DIR / name)
     nbformat.validate(nb)
-    assert nb.metadata["kernelspec"] == {"name": "python3", "display_name": "Python 3", "language": "python"}
+    assert nb.metadata["kernelspec"] == {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     cells = code_cells(nb)
     assert "parameters" in cells[0].metadata.get("tags", [])
     for line in PARAMETER_DEFAULTS:
         assert line in cells[0].source, line
     assert all(c.outputs == [] and c.execution_count is None for c in cells)
     assert any("nbval-check-output" in c.metadata.get("tags", []) for c in cells)
+
+
+def test_stored_metadata_is_what_the_kernel_reports_so_opening_changes_nothing():
+    """JupyterLab copies the kernel's kernelspec and language_info into an opened notebook and
+    marks it modified unless they are equal already (tests/test_browser.py checks it in a browser)."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    reported = dict(IPythonKernel.language_info)
+    for name in NOTEBOOKS:
+        nb = read(NOTEBOOK_DIR / name)
+        stored = dict(nb.metadata["language_info"])
+        if stored.get("version") != reported.get("version"):
+            pytest.skip(f"this Python ({reported.get('version')}) is not the notebooks' ({stored.get('version')})")
+        assert stored == reported, name
 
 
 def test_stored_notebooks_are_what_the_generator_writes(tmp_path):

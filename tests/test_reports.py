@@ -96,8 +96,8 @@ def test_load_records_keeps_only_complete_records(tmp_path):
 @pytest.mark.parametrize("claimed, ci, verdict", [
     (-0.262, (-0.30, -0.14), "held"),                                 # whole CI beyond half the claim
     (-0.262, (-0.20, -0.10), "inconclusive"),                         # CI straddles -13.1 %
-    (-0.262, (-0.12, -0.02), "not held (less than half the claim)"),  # whole CI short of it
-    (-0.262, (0.01, 0.05), "not held (wrong direction)"),
+    (-0.262, (-0.12, -0.02), "not held: under half the claimed change"),  # whole CI short of it
+    (-0.262, (0.01, 0.05), "not held: the opposite direction"),
     (0.274, (0.137, 0.2), "held"),                                    # exactly half at the CI's edge
     (0.274, (math.nan, 0.2), "inconclusive (no interval)"),
     (0.274, None, "inconclusive (no interval)"),                      # one seed: no interval
@@ -118,9 +118,9 @@ def test_comparable_quality_holds_only_when_the_interval_is_within_half_a_percen
     assert reports.claim_verdict(-0.002, 0.001, ci=(-0.03, 0.03), kind="comparable") == "inconclusive"
     assert reports.claim_verdict(-0.002, -0.02, ci=(-0.03, -0.01), kind="comparable") == "not held"
     assert reports.claim_verdict(-0.002, 0.1, ci=(0.05, 0.15), kind="comparable",
-                                 higher_is_better=True) == "not held (optimized better)"
+                                 higher_is_better=True) == "not held: optimized better by more than 0.5 %"
     assert reports.claim_verdict(0.007, 0.1, ci=(0.05, 0.15), kind="comparable",
-                                 higher_is_better=False) == "not held (optimized worse)"
+                                 higher_is_better=False) == "not held: optimized worse by more than 0.5 %"
 
 
 def test_claim_verdict_rejects_unknown_kind():
@@ -220,7 +220,7 @@ def test_ablation_table_orders_ladder_then_leave_one_out_with_changes_vs_baselin
     assert verdicts["+accumulation"] == "time: held; memory: held" and verdicts["-checkpointing"] == "—"
     slower = reports.ablation_table(records[:3] + [make_record(config="+accumulation", seed=s, time_to_target_s=120.0 + s)
                                                    for s in range(3)], "cifar10").set_index("config")
-    assert slower.loc["+accumulation", "claim_held_time"] == "not held (wrong direction)"
+    assert slower.loc["+accumulation", "claim_held_time"] == "not held: the opposite direction"
 
 
 def test_scaling_table_marks_modelled_rows_and_adds_paper_values():
@@ -240,7 +240,7 @@ def test_scaling_table_marks_modelled_rows_and_adds_paper_values():
 
 @pytest.mark.parametrize("measured, ci, verdict", [
     (0.95, (0.93, 0.97), "held"), (0.92, (0.915, 0.925), "held"), (0.92, (0.85, 0.99), "inconclusive"),
-    (0.85, (0.83, 0.87), "not held (6.1+ points lower)"), (0.95, None, "inconclusive (no interval)")])
+    (0.85, (0.83, 0.87), "not held: 6.1+ points lower"), (0.95, None, "inconclusive (no interval)")])
 def test_measured_scaling_efficiency_is_judged_against_the_papers_at_the_same_world_size(measured, ci, verdict):
     rows = [dict(world_size=2, config="baseline", throughput=2 * measured * 100, efficiency=measured, modelled=False,
                  efficiency_ci=ci)]
@@ -334,3 +334,18 @@ def test_table_cells_are_readable_numbers_and_bytes_show_in_mib():
     shown = reports.format_bytes_frame(pd.DataFrame({"category": ["activations"], "baseline": [2.0 * 2**20],
                                                      "optimized vs baseline": [-0.25]}))
     assert shown.iloc[0].tolist() == ["activations", "2.000 MiB", "-25.0%"]
+
+
+def test_analysis_tables_read_with_units_full_headers_and_no_index():
+    from trainopt_core.reporting.index import readable_frame
+
+    raw = pd.DataFrame({"phase": ["early", "late"], "samples_from": [0.0, 5571.4], "baseline_s": [17.5012, None],
+                        "speedup": [0.806, 1.2], "share_of_time_saved": [0.4641, 0.5359], "self_time_ms": [594.83, 0.38],
+                        "median_b_simple": [247.1, 767.8]})
+    shown = readable_frame(raw)
+    assert list(shown.columns) == ["phase", "samples from", "baseline (s)", "speedup (×)", "share of time saved (%)",
+                                   "self time (ms)", "median B_simple"]
+    assert shown.iloc[0].tolist() == ["early", "0", "17.5", "0.81×", "46.4 %", "594.8", "247.1"]
+    assert shown.iloc[1]["baseline (s)"] == "—" and shown.iloc[1]["samples from"] == "5,571"
+    markdown = reports.markdown_table(shown)
+    assert markdown.splitlines()[0].startswith("| phase | samples from |")  # no index column

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..checkpointing import expected_saved_fraction
 from ..config import OptimizationConfig
-from .index import format_number
+from .index import format_number, markdown_table
 from .results import aggregate
 
 FP32_BYTES = 4
@@ -146,29 +146,88 @@ def explore(records: list[dict], task: str, config: OptimizationConfig, *, calib
         split = config.batch_splits  # the micro-batch as the runs split it
         predicted = predict_memory_bytes(model, effective_batch_size=max(batch, split), k=split,
                                          precision=config.precision, segments=config.checkpointing)
-        rows += [dict(quantity=f"memory: {key}", predicted=value, unit="bytes") for key, value in predicted.items()]
+        rows += [dict(quantity=f"memory: {key.replace('_', ' ')}", predicted=value, unit="bytes")
+                 for key, value in predicted.items()]
     measured = {}
     if matched:
         agg = aggregate(matched).iloc[0]
         breakdown = pd.DataFrame([r["metrics"].get("memory_breakdown_bytes") or {} for r in matched]).mean()
-        measured.update({f"memory: {k}": v for k, v in breakdown.items()})
+        measured.update({f"memory: {k.replace('_', ' ')}": v for k, v in breakdown.items()})
         measured["memory: total"] = agg["peak_memory_bytes_mean"]
-        measured.update({"throughput": agg["throughput_mean"], "time to target (s)": agg["time_to_target_s_mean"],
-                         "final quality": agg["final_quality_mean"]})
+        metrics = matched[0]["metrics"]
+        accuracy = metrics.get("quality_name") == "accuracy"
+        quality = "final quality (test accuracy, %)" if accuracy else "final quality (validation perplexity)"
+        measured.update({f"throughput ({metrics.get('throughput_unit', 'items/s')})": agg["throughput_mean"],
+                         "time to target (s)": agg["time_to_target_s_mean"],
+                         quality: agg["final_quality_mean"] * (100 if accuracy else 1)})
     known = {row["quantity"] for row in rows}
     for row in rows:
         row["measured"] = measured.get(row["quantity"], math.nan)
     rows += [dict(quantity=q, predicted=math.nan, measured=v, unit="bytes" if q.startswith("memory") else "")
              for q, v in measured.items() if q not in known]
     frame = pd.DataFrame(rows, columns=["quantity", "predicted", "measured", "unit"])
+    frame["why they differ"] = [_why(row.quantity, row.predicted, row.measured, config) for row in frame.itertuples()]
     frame.attrs["note"] = note
+    frame.attrs["data_source"] = "; ".join(sorted({r.get("data_source", "?") for r in
+                                                    (matched or ([baseline] if baseline else []))}))
     frame.attrs["matched_runs"] = [f"{r['config_name']} (seed {r.get('seed')}, ran {r['config'].get('precision')})"
                                    for r in matched]
     return frame
 
 
+def _why(quantity: str, predicted: float, measured: float, config: OptimizationConfig) -> str:
+    """Why a measured value differs from the paper's prediction (or what it is, where the
+    equations have no term for it): what the live-tensor tracker (`measure.memory`) counts in
+    each category at the step's peak, against what eqs. 8/17/19 assume."""
+    reduced = config.precision != "fp32"
+    missing = measured is None or math.isnan(measured)
+    category = quantity.removeprefix("memory: ")
+    if category == "parameters":
+        if reduced:
+            return (f"eq. 17 assumes {config.precision} weights (half of FP32); autocast keeps the FP32 weights the "
+                    f"optimizer updates and casts {config.precision} copies for its ops, which count as activations "
+                    f"where saved for backward, else as temporaries")
+        return "FP32 weights, as eq. 8 assumes"
+    if category == "gradients":
+        if not missing and not math.isnan(predicted) and measured < 0.05 * predicted:
+            return ("the breakdown is a snapshot at the step's peak, reached as backward begins, before most "
+                    "gradients exist (their own maximum comes later, once activations are freed)")
+        if reduced:
+            return "gradients of FP32 weights are FP32 under autocast; eq. 17 halves them"
+        return "one FP32 gradient per parameter, as eq. 8 assumes"
+    if category == "optimizer state":
+        return "AdamW's two FP32 moments per parameter, as eq. 8 assumes"
+    if category == "activations":
+        parts = []
+        if config.checkpointing is not None:
+            parts.append("with checkpointing only each segment's input stays saved; the segment recomputed in "
+                         "backward holds its activations as temporaries, while eq. 19 counts them here and assumes "
+                         "equal blocks")
+        if config.batch_splits > 1:
+            parts.append(f"eq. 8 scales the baseline's activations by the micro-batch (÷ {config.batch_splits})")
+        if reduced:
+            parts.append(f"autocast saves many activations in {config.precision} (half of FP32), which eqs. 8/17 "
+                         "do not model")
+        return "; ".join(parts) or "the baseline's activations: the calibration point of the prediction"
+    if category == "buffers":
+        return "BatchNorm running statistics; no term in the paper's equations" if not missing and measured > 0 else \
+            "no buffers in this model"
+    if category == "temporaries":
+        return ("outputs awaiting their consumer, backward buffers, autocast's low-precision weight copies"
+                + (" and the recomputed segment's activations" if config.checkpointing is not None else "")
+                + "; no term in the paper's equations")
+    if category == "total":
+        return "predicted: the sum of eq. 8's four terms; measured: the step's peak (the sum of the rows above at that moment)"
+    if quantity.startswith("throughput"):
+        return "mean of the interleaved timing windows (or each run's own clock); the equations predict no speed"
+    if quantity.startswith("time to target"):
+        return "samples to target × seconds per sample; the equations predict no time"
+    return ""
+
+
 def format_explore(table: pd.DataFrame) -> pd.DataFrame:
-    """`explore`'s table for reading: memory in MiB, other quantities with 4 significant digits."""
+    """`explore`'s table for reading: memory in MiB, other quantities with 4 significant digits,
+    and why prediction and measurement differ."""
 
     def shown(value, unit):
         if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -178,7 +237,52 @@ def format_explore(table: pd.DataFrame) -> pd.DataFrame:
     out = table[["quantity"]].copy()
     for column in ("predicted", "measured"):
         out[column] = [shown(v, u) for v, u in zip(table[column], table["unit"])]
+    if "why they differ" in table:
+        out["why they differ"] = table["why they differ"]
     return out
+
+
+def num_blocks_for(records: list[dict], task: str) -> int | None:
+    """L of the model the task's runs trained (from a record's profile settings), or None."""
+    for r in records:
+        if r["task"] == task and r.get("profile_settings"):
+            try:
+                return num_blocks_of(r["profile_settings"])
+            except ValueError:
+                continue
+    return None
+
+
+def precision_that_ran(records: list[dict], task: str | None = None) -> str:
+    """The reduced precision the optimized runs used (a CPU profile runs bf16 for the paper's
+    fp16); the paper's fp16 when there are no such runs."""
+    ran = [r["config"].get("precision") for r in records if r["config_name"] == "optimized"
+           and (task is None or r["task"] == task)]
+    return next((p for p in ran if p and p != "fp32"), "fp16")
+
+
+def runs_summary(records: list[dict]) -> pd.DataFrame:
+    """One row per task and configuration for reading: seeds, precision that ran, throughput,
+    peak memory, time to target and final quality (means over seeds) with their units, and
+    the data each ran on (a stand-in says so)."""
+    rows = []
+    by_task = {r["task"]: r for r in records}
+    for row in aggregate(records).itertuples():
+        metrics = by_task[row.task]["metrics"]
+        accuracy = metrics.get("quality_name") == "accuracy"
+
+        def value(x, scale=1.0, unit=""):
+            return "—" if x is None or pd.isna(x) else f"{format_number(float(x) * scale)}{unit}"
+
+        rows.append({"task": row.task, "configuration": row.config_name, "seeds": row.n_seeds,
+                     "precision run": row.precision,
+                     "throughput": value(row.throughput_mean, unit=f" {metrics.get('throughput_unit', 'items/s')}"),
+                     "peak memory": value(row.peak_memory_bytes_mean, 2**-20, " MiB"),
+                     "time to target": value(row.time_to_target_s_mean, unit=" s"),
+                     "final quality": value(row.final_quality_mean, 100, " % accuracy") if accuracy
+                     else value(row.final_quality_mean, unit=" perplexity"),
+                     "data": by_task[row.task].get("data_source", "?")})
+    return pd.DataFrame(rows)
 
 
 def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
@@ -187,16 +291,33 @@ def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
     import ipywidgets as widgets
     from IPython.display import display
 
-    from .figures import quality_curves
+    from .figures import figure_image, quality_curves
+    from .notebook import show_markdown
 
-    task = widgets.Dropdown(options=list(tasks), description="task")
+    tasks = list(tasks)
+    optimized = OptimizationConfig.optimized()
+    full = dict(style={"description_width": "initial"})  # labels shown whole, not cut to "compone…"
+    task = widgets.Dropdown(options=tasks, description="task", **full)
     components = widgets.SelectMultiple(options=EXPLORER_COMPONENTS, value=EXPLORER_COMPONENTS, description="components",
-                                        rows=len(EXPLORER_COMPONENTS))
-    k = widgets.IntSlider(value=OptimizationConfig.optimized().k, min=1, max=8, description="k")
-    adaptive = widgets.Checkbox(value=True, description="adaptive k")
-    precision = widgets.Dropdown(options=["fp16", "bf16", "fp32"], value="fp16", description="precision")
-    segments = widgets.IntSlider(value=4, min=1, max=16, description="segments")
+                                        rows=len(EXPLORER_COMPONENTS), **full)
+    k = widgets.IntSlider(value=optimized.k, min=1, max=optimized.k_max,
+                          description="k", tooltip="micro-batches per optimizer step (the starting k when adaptive)", **full)
+    adaptive = widgets.Checkbox(value=optimized.adaptive, description="adaptive k")
+    ran = precision_that_ran(records, tasks[0] if tasks else None)
+    precision = widgets.Dropdown(options=list(dict.fromkeys([ran, "bf16", "fp16", "fp32"])), value=ran,
+                                 description="precision", **full)
+    segments = widgets.IntSlider(value=1, min=1, max=1, description="segments", **full)
     sqrt_segments = widgets.Checkbox(value=True, description="⌈√L⌉ segments")
+
+    def bound_segments(change=None):
+        """Segments run from 1 to the selected model's block count L (default ⌈√L⌉)."""
+        blocks = num_blocks_for(records, task.value) or max(segments.max, 1)
+        segments.max = blocks
+        segments.value = min(blocks, math.ceil(math.sqrt(blocks)))
+        segments.description = f"segments (L={blocks})"
+
+    bound_segments()
+    task.observe(bound_segments, names="value")
 
     def show(task, components, k, adaptive, precision, segments, sqrt_segments):
         try:
@@ -206,14 +327,14 @@ def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
         except ValueError as error:
             print(f"not a valid choice: {error}")
             return
-        display(format_explore(table))
+        show_markdown(f"Data: {table.attrs['data_source'] or 'no runs'}\n\n{markdown_table(format_explore(table))}")
         if table.attrs["note"]:
             print(table.attrs["note"])
         print("measured runs:", ", ".join(table.attrs["matched_runs"]) or
               "none with these settings (run trainopt_core.reproduction.run with a matching configuration)")
         matched = find_measured(records, task, config)
         if matched:
-            display(quality_curves(matched, task))
+            display(figure_image(quality_curves(matched, task)))
 
     output = widgets.interactive_output(show, dict(task=task, components=components, k=k, adaptive=adaptive,
                                                    precision=precision, segments=segments, sqrt_segments=sqrt_segments))

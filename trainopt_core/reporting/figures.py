@@ -52,6 +52,20 @@ def _palette(names) -> dict:
     return dict(zip(names, sns.color_palette("tab10", max(len(names), 1))))
 
 
+def figure_image(fig: Figure):
+    """`fig` as a PNG image for a notebook to show (closed afterwards): a Figure itself shows as
+    the text ``<Figure size ...>`` wherever matplotlib's inline backend is not active."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from IPython.display import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    return Image(data=buffer.getvalue(), format="png")
+
+
 def _empty(fig: Figure, ax, message: str) -> Figure:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()

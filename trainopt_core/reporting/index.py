@@ -154,6 +154,49 @@ def format_bytes_frame(frame: pd.DataFrame, *, keep=("vs", "change", "share", "f
             shown[column] = [("—" if pd.isna(v) else f"{100 * v:+.1f}%") for v in shown[column]]
         else:
             shown[column] = [("—" if pd.isna(v) else f"{v / 2**20:,.3f} MiB") for v in shown[column]]
+    for column in shown.columns:  # category names in words
+        if not pd.api.types.is_numeric_dtype(frame[column]):
+            shown[column] = [v.replace("_", " ") if isinstance(v, str) else v for v in shown[column]]
+    shown.columns = [str(c).replace("_", " ") for c in shown.columns]
+    return shown
+
+
+# How a column of an analysis table reads, by its name (CSV files keep the raw numbers):
+# (name test, header suffix, cell format)
+_READABLE_COLUMNS = (
+    (lambda c: c.endswith("_ms"), " (ms)", lambda v: format_number(v)),
+    (lambda c: c.endswith("_s"), " (s)", lambda v: format_number(v)),
+    (lambda c: "speedup" in c or c.endswith("gain"), " (×)", lambda v: f"{v:.2f}×"),
+    (lambda c: any(w in c for w in ("share", "overhead", "contribution", "saving", "fraction")), " (%)",
+     lambda v: f"{100 * v:.1f} %"),
+)
+
+
+def _words(name: str) -> str:
+    """A column name in words (``share_of_time_saved`` -> "share of time saved"; B_simple kept)."""
+    return name.replace("b_simple", "\0").replace("_", " ").replace("\0", "B_simple")
+
+
+def readable_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of an analysis table for reading: headers in words with their unit (``_s`` ->
+    "(s)", ``_ms`` -> "(ms)", speedups and gains as "×", shares, overheads and savings in %),
+    numbers formatted (`format_number`), missing values as "—". No index column."""
+    shown = pd.DataFrame(index=range(len(frame)))
+    for column in frame.columns:
+        values, name = list(frame[column]), str(column)
+        header, cell = _words(name), None
+        numeric = pd.api.types.is_numeric_dtype(frame[column]) and not pd.api.types.is_bool_dtype(frame[column])
+        for test, unit, fmt in _READABLE_COLUMNS:
+            if numeric and test(name):
+                header = _words(name.removesuffix("_ms").removesuffix("_s")) + unit
+                cell = fmt
+                break
+        if numeric:
+            cell = cell or (lambda v: format_number(float(v)))
+            values = ["—" if v is None or pd.isna(v) else cell(float(v)) for v in values]
+        else:
+            values = ["—" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values]
+        shown[header] = values
     return shown
 
 

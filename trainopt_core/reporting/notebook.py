@@ -19,7 +19,7 @@ from ..reproduction.profiles import PROFILES, TASKS
 from ..reproduction.runner import run
 from ..reproduction.throughput import measure_throughput
 from .figures import save_figure
-from .index import caption, markdown_table, write_table
+from .index import caption, markdown_table, readable_frame, write_table
 from .results import paper_claims, resolve_reports_dir, with_throughput
 
 # The paper's model of each task, used in table/figure names (never the data set's name: a
@@ -144,34 +144,85 @@ def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_
 
 def configuration_table(names) -> pd.DataFrame:
     """The settings of named configurations as requested (a profile may change the precision
-    on CPU; the tables' captions say what ran)."""
+    on CPU; the tables' captions say what ran), one row each, for reading: no index, unset
+    settings as "—", fractions in %."""
     rows = []
     for name in names:
         config = OptimizationConfig.preset(name)
-        rows.append(dict(config=name, **{f: getattr(config, f) for f in CONFIG_FIELDS}))
-    return pd.DataFrame(rows).set_index("config")
+        rows.append({"configuration": name, **{_CONFIG_HEADERS[f]: _setting(f, getattr(config, f)) for f in CONFIG_FIELDS}})
+    return pd.DataFrame(rows)
+
+
+_CONFIG_HEADERS = {"precision": "precision (requested)", "k": "k (micro-batches per step)", "adaptive": "adaptive k",
+                   "k_min": "k min", "k_max": "k max", "schedule": "LR schedule", "warmup_fraction": "warmup",
+                   "min_lr_ratio": "min LR / peak LR", "lr_scaling": "LR × batch scaling", "clip_norm": "clip norm",
+                   "checkpointing": "checkpoint segments", "zero_stage": "ZeRO stage"}
+
+
+def _setting(field: str, value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if field == "warmup_fraction":
+        return f"{100 * value:g} % of samples"
+    if field == "checkpointing" and value == "sqrt":
+        return "⌈√L⌉"
+    return str(value)
+
+
+# The paper's metric names in paper_claims.json -> a header with its unit.
+_CLAIM_HEADERS = {
+    "time_to_85_acc_min": "time to 85 % accuracy (min)", "peak_memory_gb": "peak memory (GB)",
+    "throughput_img_s": "throughput (img/s)", "final_accuracy_pct": "final accuracy (%)",
+    "flops_utilization_pct": "FLOPs utilization (%)", "time_to_ppl45_hr": "time to perplexity 45 (h)",
+    "throughput_tok_s": "throughput (tokens/s)", "final_perplexity": "final perplexity",
+    "config": "configuration", "time_min": "time (min)", "memory_gb": "memory (GB)", "accuracy_pct": "accuracy (%)",
+    "gpus": "GPUs", "baseline_img_s": "baseline (img/s)", "optimized_img_s": "optimized (img/s)",
+    "baseline_efficiency": "baseline efficiency (%)", "optimized_efficiency": "optimized efficiency (%)",
+}
 
 
 def paper_claims_frame(table: str) -> pd.DataFrame:
     """One of the paper's tables as printed (``table1_cifar10_resnet50``, ``table2_wikitext2_gpt2``,
-    ``table3_ablation_cifar10``, ``table4_scaling_cifar10``)."""
+    ``table3_ablation_cifar10``, ``table4_scaling_cifar10``), for reading: metric names with
+    their units, relative changes and efficiencies in %, no index."""
     claims = paper_claims()
     if table not in claims or not table.startswith("table"):
         _fail("table", table, f"one of {[k for k in claims if k.startswith('table')]}")
     data = claims[table]
     if isinstance(data, list):
-        return pd.DataFrame(data)
-    return pd.DataFrame([dict(metric=k, **v) for k, v in data.items()]).set_index("metric")
+        frame = pd.DataFrame(data)
+        for column in [c for c in frame.columns if c.endswith("_efficiency")]:
+            frame[column] = [f"{100 * v:.1f}" for v in frame[column]]
+        return frame.rename(columns=_CLAIM_HEADERS)
+    rows = []
+    for metric, values in data.items():
+        row = {"metric": _CLAIM_HEADERS.get(metric, metric), **{k: v for k, v in values.items() if k != "relative"}}
+        if "relative" in values:
+            row["optimized vs baseline"] = f"{100 * values['relative']:+.1f} %"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def show_table(frame: pd.DataFrame) -> None:
+    """Show a table for reading in a notebook: Markdown, full headers, no index column (the
+    numbers formatted by `index.format_number`)."""
+    show_markdown(markdown_table(frame))
 
 
 def show_markdown(text: str) -> None:
-    """Render Markdown in a notebook (plain text elsewhere)."""
+    """Render Markdown in a notebook (plain text outside a kernel)."""
     try:
+        from IPython import get_ipython
         from IPython.display import Markdown, display
-
-        display(Markdown(text))
     except ImportError:
         print(text)
+        return
+    if get_ipython() is None:
+        print(text)
+    else:
+        display(Markdown(text))
 
 
 def table_name(kind: str, task: str | None = None) -> str:
@@ -187,8 +238,9 @@ def publish_table(table: pd.DataFrame, paths: ReportPaths, name: str, title: str
                   display: pd.DataFrame | None = None) -> None:
     """Caption `table` with the runs' context, write it (CSV + Markdown) and show it."""
     text = caption(title, records)
-    write_table(table, paths.tables, name, text, display=display)
-    show_markdown(f"**{title}**\n\n{markdown_table(display if display is not None else table)}\n_{text}_")
+    shown = display if display is not None else readable_frame(table)
+    write_table(table, paths.tables, name, text, display=shown)
+    show_markdown(f"**{title}**\n\n{markdown_table(shown)}\n_{text}_")
 
 
 def publish_figure(fig, paths: ReportPaths, name: str):

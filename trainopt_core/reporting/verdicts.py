@@ -77,7 +77,7 @@ def claim_verdict(claimed_relative: float | None, measured_relative: float | Non
             if higher_is_better is None:
                 return "not held"
             better = (low > tolerance) == higher_is_better
-            return f"not held (optimized {'better' if better else 'worse'})"
+            return f"not held: optimized {'better' if better else 'worse'} by more than {100 * tolerance:g} %"
         return "inconclusive"
     if claimed_relative == 0:
         return "no claim"
@@ -87,7 +87,7 @@ def claim_verdict(claimed_relative: float | None, measured_relative: float | Non
     if low >= threshold:
         return "held"
     if high < threshold:
-        return "not held (wrong direction)" if high < 0 else "not held (less than half the claim)"
+        return "not held: the opposite direction" if high < 0 else "not held: under half the claimed change"
     return "inconclusive"
 
 
@@ -102,7 +102,7 @@ def efficiency_verdict(claimed: float | None, measured: float | None, *, ci=None
     if interval[0] >= floor:
         return "held"
     if interval[1] < floor:
-        return f"not held ({100 * (claimed - interval[1]):.1f}+ points lower)"
+        return f"not held: {100 * (claimed - interval[1]):.1f}+ points lower"
     return "inconclusive"
 
 
