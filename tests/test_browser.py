@@ -26,6 +26,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from trainopt_core.distributed import find_free_port
+
 REQUIRED = os.environ.get("TRAINOPT_REQUIRE_BROWSER") == "1"  # .ci/run: fail, never skip
 try:
     from playwright import sync_api
@@ -42,12 +44,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = Path(os.environ.get("TRAINOPT_SCREENSHOTS", ROOT / "reports" / "screenshots"))
 RUN_TIMEOUT_MS = 8 * 60 * 1000
-
-
-def _free_port() -> int:
-    from trainopt_core.distributed import find_free_port
-
-    return find_free_port()
 
 
 def _copy_notebook(name: str, folder: Path, reports: Path) -> Path:
@@ -84,7 +80,7 @@ def lab(tmp_path_factory):
     apputils = settings.parent / "apputils-extension"
     apputils.mkdir()
     (apputils / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = find_free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(folder / "user-settings"))
     env.pop("MPLBACKEND", None)  # the kernel's own default, as a user has it
     log = folder / "jupyterlab.log"

@@ -265,15 +265,14 @@ def runs_summary(records: list[dict]) -> pd.DataFrame:
     """One row per task and configuration for reading: seeds, precision that ran, throughput,
     peak memory, time to target and final quality (means over seeds) with their units, and
     the data each ran on (a stand-in says so)."""
+    def value(x, scale=1.0, unit=""):
+        return "—" if x is None or pd.isna(x) else f"{format_number(float(x) * scale)}{unit}"
+
     rows = []
     by_task = {r["task"]: r for r in records}
     for row in aggregate(records).itertuples():
         metrics = by_task[row.task]["metrics"]
         accuracy = metrics.get("quality_name") == "accuracy"
-
-        def value(x, scale=1.0, unit=""):
-            return "—" if x is None or pd.isna(x) else f"{format_number(float(x) * scale)}{unit}"
-
         rows.append({"task": row.task, "configuration": row.config_name, "seeds": row.n_seeds,
                      "precision run": row.precision,
                      "throughput": value(row.throughput_mean, unit=f" {metrics.get('throughput_unit', 'items/s')}"),

@@ -52,18 +52,23 @@ def _palette(names) -> dict:
     return dict(zip(names, sns.color_palette("tab10", max(len(names), 1))))
 
 
-def figure_image(fig: Figure):
-    """`fig` as a PNG image for a notebook to show (closed afterwards): a Figure itself shows as
-    the text ``<Figure size ...>`` wherever matplotlib's inline backend is not active."""
+def figure_image(fig: Figure, *, saved: Path | None = None):
+    """`fig` as a PNG image for a notebook to show -- the file `saved` when `save_figure` wrote
+    it already -- and the figure closed: a Figure itself shows as the text ``<Figure size ...>``
+    wherever matplotlib's inline backend is not active."""
     import io
 
     import matplotlib.pyplot as plt
     from IPython.display import Image
 
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
+    if saved is None:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=120)
+        data = buffer.getvalue()
+    else:
+        data = Path(saved).read_bytes()
     plt.close(fig)
-    return Image(data=buffer.getvalue(), format="png")
+    return Image(data=data, format="png")
 
 
 def _empty(fig: Figure, ax, message: str) -> Figure:

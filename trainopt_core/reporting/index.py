@@ -156,16 +156,16 @@ def format_bytes_frame(frame: pd.DataFrame, *, keep=("vs", "change", "share", "f
             shown[column] = [("—" if pd.isna(v) else f"{v / 2**20:,.3f} MiB") for v in shown[column]]
     for column in shown.columns:  # category names in words
         if not pd.api.types.is_numeric_dtype(frame[column]):
-            shown[column] = [v.replace("_", " ") if isinstance(v, str) else v for v in shown[column]]
-    shown.columns = [str(c).replace("_", " ") for c in shown.columns]
+            shown[column] = [_words(v) if isinstance(v, str) else v for v in shown[column]]
+    shown.columns = [_words(str(c)) for c in shown.columns]
     return shown
 
 
 # How a column of an analysis table reads, by its name (CSV files keep the raw numbers):
 # (name test, header suffix, cell format)
 _READABLE_COLUMNS = (
-    (lambda c: c.endswith("_ms"), " (ms)", lambda v: format_number(v)),
-    (lambda c: c.endswith("_s"), " (s)", lambda v: format_number(v)),
+    (lambda c: c.endswith("_ms"), " (ms)", format_number),
+    (lambda c: c.endswith("_s"), " (s)", format_number),
     (lambda c: "speedup" in c or c.endswith("gain"), " (×)", lambda v: f"{v:.2f}×"),
     (lambda c: any(w in c for w in ("share", "overhead", "contribution", "saving", "fraction")), " (%)",
      lambda v: f"{100 * v:.1f} %"),
@@ -192,7 +192,7 @@ def readable_frame(frame: pd.DataFrame) -> pd.DataFrame:
                 cell = fmt
                 break
         if numeric:
-            cell = cell or (lambda v: format_number(float(v)))
+            cell = cell or format_number
             values = ["—" if v is None or pd.isna(v) else cell(float(v)) for v in values]
         else:
             values = ["—" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values]

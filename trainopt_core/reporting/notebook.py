@@ -18,7 +18,7 @@ from ..config import ABLATION_LADDER, OptimizationConfig, leave_one_out
 from ..reproduction.profiles import PROFILES, TASKS
 from ..reproduction.runner import run
 from ..reproduction.throughput import measure_throughput
-from .figures import save_figure
+from .figures import figure_image, save_figure
 from .index import caption, markdown_table, readable_frame, write_table
 from .results import paper_claims, resolve_reports_dir, with_throughput
 
@@ -32,8 +32,12 @@ TASK_LABELS = {
 }
 # Every configuration Tables I-III compare: timed together, so a ratio means the same in each table.
 TABLE_CONFIGS = (*[c.name for c in ABLATION_LADDER], "optimized", *[c.name for c in leave_one_out()])
-CONFIG_FIELDS = ("precision", "k", "adaptive", "k_min", "k_max", "schedule", "warmup_fraction", "min_lr_ratio",
-                 "lr_scaling", "clip_norm", "checkpointing", "zero_stage")
+
+# The settings configuration_table shows, in words.
+CONFIG_HEADERS = {"precision": "precision (requested)", "k": "k (micro-batches per step)", "adaptive": "adaptive k",
+                  "k_min": "k min", "k_max": "k max", "schedule": "LR schedule", "warmup_fraction": "warmup",
+                  "min_lr_ratio": "min LR / peak LR", "lr_scaling": "LR × batch scaling", "clip_norm": "clip norm",
+                  "checkpointing": "checkpoint segments", "zero_stage": "ZeRO stage"}
 
 
 def _fail(argument: str, value, allowed: str) -> None:
@@ -149,14 +153,10 @@ def configuration_table(names) -> pd.DataFrame:
     rows = []
     for name in names:
         config = OptimizationConfig.preset(name)
-        rows.append({"configuration": name, **{_CONFIG_HEADERS[f]: _setting(f, getattr(config, f)) for f in CONFIG_FIELDS}})
+        rows.append({"configuration": name, **{header: _setting(f, getattr(config, f)) for f, header in CONFIG_HEADERS.items()}})
     return pd.DataFrame(rows)
 
 
-_CONFIG_HEADERS = {"precision": "precision (requested)", "k": "k (micro-batches per step)", "adaptive": "adaptive k",
-                   "k_min": "k min", "k_max": "k max", "schedule": "LR schedule", "warmup_fraction": "warmup",
-                   "min_lr_ratio": "min LR / peak LR", "lr_scaling": "LR × batch scaling", "clip_norm": "clip norm",
-                   "checkpointing": "checkpoint segments", "zero_stage": "ZeRO stage"}
 
 
 def _setting(field: str, value) -> str:
@@ -251,12 +251,7 @@ def publish_figure(fig, paths: ReportPaths, name: str):
     the inline backend is not active (papermill's kernels under MPLBACKEND=Agg, a notebook
     opened after `matplotlib.use("Agg")`), so the executed notebook would hold no picture. The
     image is the very file the reports link to."""
-    import matplotlib.pyplot as plt
-    from IPython.display import Image
-
-    path = save_figure(fig, paths.figures, name)
-    plt.close(fig)
-    return Image(data=path.read_bytes(), format="png")
+    return figure_image(fig, saved=save_figure(fig, paths.figures, name))
 
 
 def records_of(records: list[dict], task: str, configs=None) -> list[dict]:

@@ -104,14 +104,18 @@ def run(
         existing = load_record(path)
         if existing is not None and not condition_differences(existing, conditions, ignore_settings=TIMING_ONLY_SETTINGS):
             return existing  # made here, under these conditions: reused
-        twin = _same_computation(Path(out_dir), task, profile, seed, computation, conditions)
+        twin = _finished_twin(Path(out_dir), task, profile, seed, conditions, lambda made: (
+            made.get("computation_hash") == computation and not made.get("computed_as")))
         if twin is not None and options.max_steps is None:
             record = _as_twin_of(twin, cfg)
             if rank == 0:
                 write_record(path, record)
             return record
-        same_quality = quality_hash(cfg, world_size=world_size, backend=options.backend, device_type=device.type)
-        quality_twin = _same_quality(Path(out_dir), task, profile, seed, same_quality, conditions)
+        curve = dict(world_size=world_size, backend=options.backend, device_type=device.type)
+        same_curve = quality_hash(cfg, **curve)
+        quality_twin = None if same_curve is None else _finished_twin(
+            Path(out_dir), task, profile, seed, conditions,
+            lambda made: not made.get("quality_from") and _quality_hash_of(made, **curve) == same_curve)
         if quality_twin is not None and options.max_steps is None:
             probe = run(task, cfg, profile=profile, seed=seed, out_dir=out_dir, options=dataclasses.replace(
                 options, max_steps=prof.throughput_warmup_steps + PROBE_MEASURED_STEPS, rerun=True, progress=False))
@@ -395,16 +399,23 @@ def _energy_so_far(energy, carried: dict | None) -> float | None:
     return joules + ((carried["energy_j"] or 0.0) if carried else 0.0)
 
 
-def _same_computation(out_dir: Path, task: str, profile: str, seed: int, computation: str, conditions: dict) -> dict | None:
-    """A finished record of this seed that computed exactly what this run would (see
-    `records.computation_hash`), made under the same conditions, or None."""
+def _finished_twin(out_dir: Path, task: str, profile: str, seed: int, conditions: dict, same) -> dict | None:
+    """The first finished record of this seed, made under the same conditions, for which
+    `same(record)` holds (the same computation: `records.computation_hash`; the same quality
+    curve: `records.quality_hash`), or None."""
     for candidate in sorted(out_dir.glob(f"{task}__*__{profile}__*__seed{seed}.json")):
         record = load_record(candidate)
-        if (record is not None and record.get("computation_hash") == computation and record.get("seed") == seed
-                and not record.get("computed_as")
-                and not condition_differences(record, conditions, ignore_settings=TIMING_ONLY_SETTINGS)):
+        if (record is not None and record.get("seed") == seed
+                and not condition_differences(record, conditions, ignore_settings=TIMING_ONLY_SETTINGS) and same(record)):
             return record
     return None
+
+
+def _quality_hash_of(record: dict, **curve) -> str | None:
+    try:
+        return quality_hash(OptimizationConfig.from_dict(record["config"]), **curve)
+    except (KeyError, TypeError, ValueError):  # a record of another code version's configuration
+        return None
 
 
 # optimizer steps a run whose quality curve comes from its checkpointing twin measures itself,
@@ -417,27 +428,6 @@ _PROBE_METRICS = ("throughput", "throughput_unit", "peak_memory_bytes", "evaluat
                   "energy_source", "zero_bucket_sizes", "wall_s")
 _CURVE_METRICS = ("samples_to_target", "steps_to_target", "target", "final_quality", "quality_name", "skipped_steps",
                   "optimizer_steps")
-
-
-def _same_quality(out_dir: Path, task: str, profile: str, seed: int, quality: str | None, conditions: dict) -> dict | None:
-    """A finished, fully trained record of this seed whose quality curve this run would repeat
-    bit for bit (`records.quality_hash`: the same computation up to activation checkpointing),
-    made under the same conditions, or None."""
-    if quality is None:
-        return None
-    for candidate in sorted(out_dir.glob(f"{task}__*__{profile}__*__seed{seed}.json")):
-        record = load_record(candidate)
-        if (record is None or record.get("seed") != seed or record.get("quality_from")
-                or condition_differences(record, conditions, ignore_settings=TIMING_ONLY_SETTINGS)):
-            continue
-        try:
-            made = OptimizationConfig.from_dict(record["config"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if quality_hash(made, world_size=record.get("world_size", 1), backend=conditions["backend"],
-                        device_type=conditions["device_type"]) == quality:
-            return record
-    return None
 
 
 def _with_quality_of(twin: dict, probe: dict) -> dict:
