@@ -178,9 +178,9 @@ def linear_regression_k_trajectory(rule, k_start, *, delta_norms, steps_per_delt
                 if engine.step():
                     break
             stats = engine.stats()
-            ks.append(stats["k"])
+            ks.append(stats["next_k_micro_batches"])
             reasons.append(stats["k_reason"])
-            b_simple.append(stats["b_simple"])
+            b_simple.append(stats["b_simple_items"])
     engine.close()
     return ks, reasons, b_simple, engine.sigma_target
 

@@ -22,9 +22,27 @@ def test_readme_adoption_example_runs_and_trains():
     code = adopted_loop_from_readme() + "assert engine.optimizer_steps > 0 and engine.k in range(4, 9)\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "'k':" in result.stdout
+    assert "'next_k_micro_batches':" in result.stdout
 
 
 def test_readme_plain_loop_is_the_diff_base():
     result = subprocess.run([sys.executable, "-c", plain_loop_from_readme()], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_readme_per_step_loop_runs_with_the_names_a_script_has():
+    snippet = re.search(r"keeps its shape:\n\n```python\n(.*?)```", README.read_text(), re.S).group(1)
+    setup = (
+        "import torch, torch.nn.functional as F, trainopt_core\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))\n"
+        "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        "config = trainopt_core.OptimizationConfig(k=2, schedule='cosine')\n"
+        "batch_size, max_iters, warmup_iters, min_lr, eval_interval = 4, 12, 3, 1e-4, 5\n"
+        "def get_batch():\n    x = torch.randn(batch_size, 8)\n    return x, (x[:, 0] > 0).long()\n"
+        "evaluations = []\n"
+        "def evaluate():\n    evaluations.append(engine.optimizer_steps)\n"
+    )
+    check = "assert engine.optimizer_steps == 12 and evaluations == [5, 10], (engine.optimizer_steps, evaluations)\n"
+    result = subprocess.run([sys.executable, "-c", setup + snippet + check], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

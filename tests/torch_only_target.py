@@ -93,7 +93,7 @@ def check_everything() -> None:
         plan = checkpoint_plan(model)
         assert plan is not None and plan.num_blocks >= 4, plan
         assert all(map(torch.isfinite, map(torch.tensor, losses))), losses
-        assert engine.optimizer_steps == 3 and engine.stats()["k"] in range(4, 9)
+        assert engine.optimizer_steps == 3 and engine.stats()["next_k_micro_batches"] in range(4, 9)
         print(f"{type(model).__name__}: {plan.num_blocks} blocks in {plan.segments} checkpointed segments, "
               f"3 steps, last loss {losses[-1]:.3f}")
 

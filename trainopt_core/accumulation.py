@@ -191,11 +191,19 @@ class GradientNoiseMonitor:
         self._micro.append((self._current, grad_to_mean, items))
 
     def micro_norms(self) -> list[tuple[float, float]]:
-        """This process's (|g_j|², items) for the step so far (one device sync)."""
+        """This process's (|g_j|², items) for the step so far (one device sync; scales and item
+        counts may be tensors on the device, read in the same transfer)."""
         if not self._micro:
             return []
-        raw = torch.stack([sq for sq, _, _ in self._micro]).tolist()
-        return [(sq * scale**2, items) for sq, (_, scale, items) in zip(raw, self._micro)]
+        if not any(isinstance(value, torch.Tensor) for _, scale, items in self._micro for value in (scale, items)):
+            raw = torch.stack([sq for sq, _, _ in self._micro]).tolist()
+            return [(sq * scale**2, items) for sq, (_, scale, items) in zip(raw, self._micro)]
+        device = self._micro[0][0].device
+        dtype = _norm_dtype(device)
+        rows = torch.stack([torch.stack([sq.to(dtype), torch.as_tensor(scale, dtype=dtype, device=device).reshape(()),
+                                         torch.as_tensor(items, dtype=dtype, device=device).reshape(())])
+                            for sq, scale, items in self._micro]).tolist()
+        return [(sq * scale**2, items) for sq, scale, items in rows]
 
     def finish_step(self, accumulated_sq_norm: float, micro: list[tuple[float, float]]) -> NoiseEstimate | None:
         """Adds this step's estimate (from all replicas' micro-batch norms when given) to the

@@ -69,7 +69,33 @@ class CheckpointPlan:
 # --------------------------------------------------------------------------- block adapters
 
 
+def unalias_checkpoint_blocks(model: nn.Module) -> None:
+    """Keep ``model.checkpoint_blocks = model.transformer.h`` (an ``nn.ModuleList`` of blocks the
+    model already holds) out of the model's state_dict: nn.Module registers an assigned module,
+    so the blocks' tensors would appear twice (``checkpoint_blocks.0....``) and a checkpoint saved
+    before would no longer load. Such an alias becomes a plain tuple of the same blocks. A
+    ``checkpoint_blocks`` that is the blocks' only owner stays registered."""
+    alias = model._modules.get("checkpoint_blocks")
+    if alias is None:
+        return
+    elsewhere = {id(module) for name, module in model.named_modules(remove_duplicate=False)
+                 if name and name != "checkpoint_blocks" and not name.startswith("checkpoint_blocks.")}
+    if all(id(block) in elsewhere for block in alias):
+        del model._modules["checkpoint_blocks"]
+        model.__dict__["checkpoint_blocks"] = tuple(alias)
+
+
+def has_block_sequence(model: nn.Module) -> bool:
+    """Whether `block_sequence` knows the model's blocks (SUPPORTED_MODELS)."""
+    try:
+        _model_blocks(model)
+    except ValueError:
+        return False
+    return True
+
+
 def _model_blocks(model: nn.Module) -> tuple[str, tuple[nn.Module, ...]]:
+    unalias_checkpoint_blocks(model)
     hook = getattr(model, "checkpoint_blocks", None)
     if hook is not None:
         blocks = tuple(hook)
@@ -98,7 +124,8 @@ def _model_blocks(model: nn.Module) -> tuple[str, tuple[nn.Module, ...]]:
     raise ValueError(
         f"model of type {type(model).__module__}.{type(model).__qualname__} has no known block "
         f"sequence: supported are {'; '.join(SUPPORTED_MODELS)}. To checkpoint another model, "
-        "give it a `checkpoint_blocks` attribute listing its repeated blocks in call order."
+        "give it a `checkpoint_blocks` attribute listing its repeated blocks in call order "
+        "(e.g. `model.checkpoint_blocks = model.transformer.h`)."
     )
 
 

@@ -10,7 +10,8 @@ import importlib.util
 
 import torch
 
-from .checkpointing import apply_activation_checkpointing
+from ._caller import warn_at_caller
+from .checkpointing import SUPPORTED_MODELS, apply_activation_checkpointing, has_block_sequence, unalias_checkpoint_blocks
 from .config import OptimizationConfig
 from .engine import TrainingEngine
 
@@ -26,17 +27,23 @@ def prepare(
     optimizer: torch.optim.Optimizer,
     config: OptimizationConfig,
     *,
-    total_samples: int,
+    total_samples: int | None = None,
     micro_batch_size: int,
     device: torch.device | str | None = None,
     world_size: int | None = None,
     checkpoint_model: torch.nn.Module | None = None,
     backend: str = "torch",
+    total_steps: int | None = None,
+    warmup_steps: int | None = None,
+    min_lr: float | None = None,
 ) -> TrainingEngine:
     """Wrap an existing model and optimizer in the configured optimizations.
 
     Applies √L activation checkpointing to `checkpoint_model` (default: `model`, or its
-    `.module` when `model` is DDP-wrapped) when `config.checkpointing` is set. `world_size`
+    `.module` when `model` is DDP-wrapped) when `config.checkpointing` is set. A model whose
+    blocks are unknown (`checkpointing.SUPPORTED_MODELS`; give it ``checkpoint_blocks``) runs
+    without checkpointing, with one warning, so the presets work on any model; the engine's
+    `config` says what runs. `world_size`
     defaults to torch.distributed's when a process group is initialized.
 
     `backend`: "torch" -- the torch-native engine (one process, or DDP when `model` is a
@@ -44,6 +51,10 @@ def prepare(
     `config.zero_stage` (pass the plain module; run the forward through `engine.model`);
     "auto" -- deepspeed when config.zero_stage > 0, world_size > 1 and deepspeed is installed.
     A DDP model in fp16/bf16 all-reduces its gradients in that precision (torch's compress hooks).
+
+    The LR schedule runs over `total_samples` samples (sequences, images) -- or, given
+    `total_steps` instead, over optimizer steps: linear warmup for `warmup_steps` steps, cosine
+    to `min_lr` (an LR value) at step `total_steps` (`schedule.StepLRSchedule`).
     """
     if not isinstance(config, OptimizationConfig):
         raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
@@ -55,8 +66,18 @@ def prepare(
     if backend == "auto":
         use_deepspeed = config.zero_stage > 0 and world_size > 1 and deepspeed_available()
         backend = "deepspeed" if use_deepspeed else "torch"
+    target = checkpoint_model if checkpoint_model is not None else getattr(model, "module", model)
+    unalias_checkpoint_blocks(target)
+    if config.checkpointing is not None and not has_block_sequence(target):
+        # a preset (OptimizationConfig.optimized()) on a model whose blocks are unknown: run it
+        # without checkpointing rather than stop, and say once how to turn it on
+        warn_at_caller(
+            f"activation checkpointing is off: {type(target).__name__} has no known block sequence "
+            f"(supported: {'; '.join(SUPPORTED_MODELS)}). To turn it on, list the repeated blocks the "
+            "forward calls back to back: model.checkpoint_blocks = model.transformer.h (or any list of "
+            "them).")
+        config = config.replace(checkpointing=None)
     if config.checkpointing is not None:
-        target = checkpoint_model if checkpoint_model is not None else getattr(model, "module", model)
         apply_activation_checkpointing(target, segments=config.checkpointing)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
         # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
@@ -72,5 +93,5 @@ def prepare(
     return engine_class(
         model, optimizer, config,
         total_samples=total_samples, micro_batch_size=micro_batch_size,
-        device=device, world_size=world_size,
+        device=device, world_size=world_size, total_steps=total_steps, warmup_steps=warmup_steps, min_lr=min_lr,
     )

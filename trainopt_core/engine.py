@@ -20,14 +20,14 @@ with the same interface. Both record in `engine.zero_partitioning` what was part
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
 from . import precision as mp
+from ._caller import warn_at_caller
 from .accumulation import MIN_POOLED_STEPS, GradientNoiseMonitor, NoiseEstimate, calibrate_sigma_target, choose_k
 from .config import OptimizationConfig
-from .schedule import LRSchedule, clip_gradients, remember_base_lrs, set_lr
+from .schedule import clip_gradients, make_schedule, remember_base_lrs, set_lr
 
 ENGINE_STATE_FORMAT = "trainopt-engine-state/1"
 
@@ -41,15 +41,16 @@ class TrainingEngine:
         optimizer: torch.optim.Optimizer,
         config: OptimizationConfig,
         *,
-        total_samples: int,
+        total_samples: int | None = None,
         micro_batch_size: int,
         device: torch.device | str | None = None,
         world_size: int = 1,
+        total_steps: int | None = None,
+        warmup_steps: int | None = None,
+        min_lr: float | None = None,
     ):
         if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
             raise ValueError(f"micro_batch_size={micro_batch_size!r} is invalid: allowed an integer >= 1")
-        if not isinstance(total_samples, int) or total_samples < 1:
-            raise ValueError(f"total_samples={total_samples!r} is invalid: allowed an integer >= 1")
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -60,15 +61,12 @@ class TrainingEngine:
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
 
         base_batch = config.base_batch_size or micro_batch_size * max(config.k_min if config.adaptive else config.k, 1) * world_size
-        self.schedule = LRSchedule(
-            total_samples=total_samples,
-            kind=config.schedule,
-            warmup_fraction=config.warmup_fraction,
-            min_lr_ratio=config.min_lr_ratio,
-            lr_scaling=config.lr_scaling,
-            base_batch_size=base_batch,
-        )
         self.base_lrs = remember_base_lrs(optimizer)
+        # over samples (eqs. 10-11 as the paper states them) or, given total_steps, over optimizer steps
+        self.schedule = make_schedule(config, base_batch_size=base_batch, base_lr=self.base_lrs[0],
+                                      total_samples=total_samples, total_steps=total_steps,
+                                      warmup_steps=warmup_steps, min_lr=min_lr)
+        self.total_samples, self.total_steps = total_samples, total_steps
         self.scaler = mp.make_grad_scaler(self.device, config)
         self.monitor = GradientNoiseMonitor(self.parameters, window=config.noise_window) if config.adaptive else None
         # eq. 6's sigma_target: the configured one, or calibrated at the first significant estimate
@@ -107,6 +105,48 @@ class TrainingEngine:
         """True when the next backward completes the effective batch."""
         return self._micro_index + 1 >= self.k
 
+    def micro_steps(self) -> range:
+        """The micro-batches of the next optimizer step, for a loop written per optimizer step:
+
+            for _ in engine.micro_steps():        # k of them; k may change between steps
+                with engine.autocast():
+                    loss = loss_fn(model(x), y)   # the mean over the micro-batch: no "/ k"
+                engine.backward(loss, num_items=n)
+                engine.step()
+
+        Call it at a step boundary (k is fixed until the step is taken)."""
+        if self._micro_index:
+            raise RuntimeError(f"micro_steps() after {self._micro_index} of {self.k} micro-batches: allowed "
+                               "only at a step boundary (after step() took the previous step)")
+        return range(self.k)
+
+    def done(self, *, total_samples: int | None = None, total_steps: int | None = None) -> bool:
+        """Whether training has reached its end: `total_samples` samples consumed or `total_steps`
+        optimizer steps taken (default: the schedule's horizon given to prepare()). With adaptive
+        k a loop that stops after a fixed number of iterations drifts from the schedule; stop on
+        this instead."""
+        if total_samples is None and total_steps is None:
+            total_samples, total_steps = self.total_samples, self.total_steps
+        if total_samples is not None and self.samples_consumed >= total_samples:
+            return True
+        return total_steps is not None and self.optimizer_steps >= total_steps
+
+    def every(self, *, samples: int | None = None, steps: int | None = None) -> bool:
+        """True right after the optimizer step that crossed a multiple of `samples` samples (or
+        completed a multiple of `steps` steps): evaluate or log on it, and the spacing stays in
+        samples (or steps) when k adapts. False mid-way through an effective batch."""
+        if (samples is None) == (steps is None):
+            raise ValueError(f"samples={samples!r}, steps={steps!r} is invalid: allowed exactly one, an integer >= 1")
+        every = samples if samples is not None else steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"{'samples' if samples is not None else 'steps'}={every!r} is invalid: allowed an integer >= 1")
+        if self._micro_index or self.optimizer_steps == 0:
+            return False
+        if steps is not None:
+            return self.optimizer_steps % steps == 0
+        before = self.samples_consumed - self.effective_batch_size  # the last step's first sample
+        return self.samples_consumed // samples > before // samples
+
     def autocast(self):
         """Context for the forward pass: autocast in the configured precision, and -- under DDP --
         gradient all-reduce only on the micro-batch that completes the effective batch."""
@@ -121,15 +161,23 @@ class TrainingEngine:
         if hasattr(self.model, "require_backward_grad_sync"):
             self.model.require_backward_grad_sync = self.is_accumulation_boundary
 
-    def backward(self, loss: torch.Tensor, num_items: float | None = None, *, num_samples: int | None = None) -> None:
+    def backward(self, loss: torch.Tensor, num_items: float | torch.Tensor | None = None, *,
+                 num_samples: int | None = None) -> None:
         """Backward of one micro-batch.
 
-        `loss` is the mean over `num_items` items (default: micro_batch_size); `num_samples`
-        (default: micro_batch_size) counts samples for the schedule's progress and eq. 11.
+        `loss` is the mean over `num_items` items (images, tokens: whatever the loss averages
+        over; default: micro_batch_size). A tensor (e.g. ``mask.sum()``) stays on its device:
+        the engine reads it once per optimizer step, not per micro-batch (a Python number read
+        from a CUDA tensor would wait for the GPU every micro-batch). `num_samples` (default:
+        micro_batch_size) counts samples -- sequences, images -- for the schedule's progress
+        and eq. 11.
         """
-        items = float(num_items if num_items is not None else self.micro_batch_size)
-        if not items > 0:
-            raise ValueError(f"num_items={num_items!r} is invalid: allowed a number > 0")
+        if isinstance(num_items, torch.Tensor):
+            items = num_items.detach().to(device=self.device, dtype=torch.float64).reshape(())
+        else:
+            items = float(num_items if num_items is not None else self.micro_batch_size)
+            if not items > 0:
+                raise ValueError(f"num_items={num_items!r} is invalid: allowed a number > 0")
         samples = int(num_samples if num_samples is not None else self.micro_batch_size)
         if self._micro_index == 0:
             self._expected_items = items * self.k
@@ -140,6 +188,8 @@ class TrainingEngine:
             factor = self._weight_items_across_replicas(items, samples)
         if self.monitor is not None:
             self.monitor.begin_micro_batch(self.device, 1.0 / (factor * self._loss_scale), items)
+        if isinstance(factor, torch.Tensor):
+            factor = factor.to(torch.float32)
         scaled = loss * factor
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
@@ -154,20 +204,18 @@ class TrainingEngine:
         so that DDP's average over replicas is the mean over all N items of the global effective
         batch (eq. 4): replica r contributes world_size · S_r / N, S_r its items' gradient sum.
         Returns the weight of the boundary micro-batch's mean loss."""
-        totals = torch.tensor(
-            [self._step_items + items, float(self._step_samples + samples)],
-            dtype=torch.float64, device=self.device,
-        )
+        totals = torch.stack([torch.as_tensor(self._step_items + items, dtype=torch.float64, device=self.device),
+                              torch.tensor(float(self._step_samples + samples), dtype=torch.float64, device=self.device)])
         torch.distributed.all_reduce(totals)
         global_items, global_samples = totals.tolist()
         self._global_step_samples = int(round(global_samples))
         per_item = self.world_size / global_items
         # earlier micro-batches were weighted n_j / E locally; the gradients are still local here
-        rescale = per_item * self._expected_items
+        rescale = per_item * float(self._expected_items)
         grads = [p.grad for p in self.parameters if p.grad is not None]
         if grads and rescale != 1.0:
             torch._foreach_mul_(grads, rescale)
-        return items * per_item
+        return float(items) * per_item
 
     def step(self) -> bool:
         """At the accumulation boundary: unscale → clip → optimizer step → LR update → zero_grad →
@@ -180,6 +228,10 @@ class TrainingEngine:
         include the step that raised."""
         if self._micro_index < self.k:
             return False
+        # item counts given as tensors are read here: one device sync per optimizer step
+        self._step_items, self._expected_items = float(self._step_items), float(self._expected_items)
+        if not self._step_items > 0:
+            raise ValueError(f"num_items summed to {self._step_items!r} over the effective batch: allowed a number > 0")
         grads = [p.grad for p in self.parameters if p.grad is not None]
         if not self._replicas_synced and self._step_items != self._expected_items and grads:
             torch._foreach_mul_(grads, self._expected_items / self._step_items)
@@ -231,8 +283,14 @@ class TrainingEngine:
     def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:
         return _torch_zero_partitioning(zero_stage, world_size)
 
+    def _multiplier(self, samples_after_step: float, effective_batch_size: int) -> float:
+        """The schedule's factor for the step about to be taken (a step-based schedule's position
+        is that step's index, a sample-based one's the samples consumed once it is taken)."""
+        position = self.optimizer_steps if self.schedule.unit == "steps" else samples_after_step
+        return self.schedule.lr_multiplier(position, effective_batch_size)
+
     def _apply_lr(self, samples_after_step: float, effective_batch_size: int) -> None:
-        self._lr_multiplier = self.schedule.lr_multiplier(samples_after_step, effective_batch_size)
+        self._lr_multiplier = self._multiplier(samples_after_step, effective_batch_size)
         set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
 
     def _gather_noise_inputs(self) -> tuple[float, list[tuple[float, float]]]:
@@ -278,7 +336,9 @@ class TrainingEngine:
     # ------------------------------------------------------------------ state
     @property
     def lr(self) -> float:
-        """The LR (of the first parameter group) used by the latest step."""
+        """The LR (of the first parameter group) the latest optimizer step used; before the
+        first step, the LR the first step will use. (A loop that logs "the LR of step it" before
+        taking it reads this after that step.)"""
         return self.optimizer.param_groups[0]["lr"]
 
     @property
@@ -297,26 +357,46 @@ class TrainingEngine:
 
     @property
     def b_simple(self) -> float | None:
+        """The gradient noise scale B_simple = σ²/|G|², in `num_items` units (adaptive only)."""
         return None if self.noise is None else self.noise.b_simple
 
     def stats(self) -> dict:
-        """What a run record logs per step."""
+        """The engine's state between optimizer steps, each key saying what it counts:
+
+        - ``optimizer_steps`` (steps taken, skipped ones included), ``samples_consumed`` (samples:
+          sequences, images), ``skipped_steps`` (non-finite steps not applied);
+        - ``last_*`` -- the step just taken: ``last_lr`` (the LR it used, first parameter
+          group), ``last_effective_batch_samples``, ``last_grad_norm`` (pre-clip global L2
+          norm of the unscaled gradient);
+        - ``next_*`` -- the step to come: ``next_k_micro_batches`` (chosen at the boundary),
+          ``next_effective_batch_samples`` (full micro-batches), ``next_lr``;
+        - ``loss_scale`` (fp16's dynamic scale; 1.0 otherwise);
+        - gradient noise pooled over the last `noise_window` steps (adaptive k; else None):
+          ``sigma_sq`` (eq. 7's per-item gradient variance, squared-gradient units),
+          ``grad_sq`` (|G|², unbiased) and its 95 % half-width, ``b_simple_items`` (the noise
+          scale σ²/|G|² in `num_items` units: tokens when items are tokens),
+          ``noise_significant``, ``k_reason``, ``sigma_target``."""
         noise = self.noise
+        next_batch = self.micro_batch_size * self.k * self.world_size
+        next_multiplier = self._multiplier(self.samples_consumed + next_batch, next_batch)
         return {
-            "lr": self.lr,
-            "k": self.k,
-            "effective_batch_size": self.effective_batch_size,
-            "loss_scale": self.loss_scale,
+            "optimizer_steps": self.optimizer_steps,
+            "samples_consumed": self.samples_consumed,
             "skipped_steps": self.skipped_steps,
-            "grad_norm": self.last_grad_norm,
+            "last_lr": self.lr,
+            "last_effective_batch_samples": self.effective_batch_size,
+            "last_grad_norm": self.last_grad_norm,
+            "next_k_micro_batches": self.k,
+            "next_effective_batch_samples": next_batch,
+            "next_lr": self.base_lrs[0] * next_multiplier,
+            "loss_scale": self.loss_scale,
             "sigma_sq": None if noise is None else noise.sigma_sq,
             "grad_sq": None if noise is None else noise.grad_sq,
             "grad_sq_half_width": None if noise is None or math.isnan(noise.grad_sq_half_width) else noise.grad_sq_half_width,
-            "b_simple": None if noise is None or math.isinf(noise.b_simple) else noise.b_simple,
+            "b_simple_items": None if noise is None or math.isinf(noise.b_simple) else noise.b_simple,
             "noise_significant": None if noise is None else noise.significant,
             "k_reason": self.k_reason,
             "sigma_target": self.sigma_target,
-            "samples_consumed": self.samples_consumed,
         }
 
     # ------------------------------------------------------------------ checkpoints
@@ -414,10 +494,8 @@ def _torch_zero_partitioning(zero_stage: int, world_size: int) -> str:
         return "none: single process" + (f" (ZeRO-{zero_stage} requested)" if zero_stage else "")
     if zero_stage == 0:
         return f"none: ZeRO stage 0, optimizer state replicated on {world_size} processes"
-    warnings.warn(
+    warn_at_caller(
         f"OptimizationConfig.zero_stage={zero_stage} with the torch-native engine: optimizer state "
         f"and gradients stay replicated on all {world_size} processes; use prepare(..., "
-        "backend='deepspeed') for ZeRO partitioning.",
-        stacklevel=5,
-    )
+        "backend='deepspeed') for ZeRO partitioning.")
     return f"none: torch-native engine (use backend='deepspeed' for ZeRO-{zero_stage})"

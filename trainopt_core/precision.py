@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 
 import torch
 
+from ._caller import warn_at_caller
 from .config import OptimizationConfig
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -41,11 +41,9 @@ def make_grad_scaler(device: torch.device, config: OptimizationConfig) -> torch.
     if config.precision != "fp16":
         return None
     if device.type == "cpu":
-        warnings.warn(
+        warn_at_caller(
             "fp16 autocast on CPU runs but is slow; bf16 is the fast reduced precision on CPU "
-            "(OptimizationConfig.replace(precision='bf16')).",
-            stacklevel=3,
-        )
+            "(OptimizationConfig.replace(precision='bf16')).")
     return torch.amp.GradScaler(
         device.type,
         init_scale=config.initial_loss_scale,

@@ -2,6 +2,8 @@
 
 Progress is measured in *samples consumed*, not optimizer steps, so the schedule stays right
 when adaptive accumulation changes the effective batch (and so the number of steps) mid-run.
+A loop that states its schedule in optimizer steps (warmup steps, a decay horizon, a minimum LR)
+gets `StepLRSchedule` instead (`prepare(..., total_steps=..., warmup_steps=..., min_lr=...)`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ class LRSchedule:
       linear scaling (eq. 11):        × B_eff / B_base
     with r = min_lr_ratio (η_min = r · η_base), S = total_samples, s_warmup = warmup_fraction · S.
     """
+
+    unit = "samples"  # what the schedule's position counts
 
     total_samples: int
     kind: str = "constant"
@@ -57,6 +61,93 @@ class LRSchedule:
 
     def lr_multiplier(self, samples_consumed: float, effective_batch_size: int) -> float:
         return self.shape(samples_consumed) * self.batch_factor(effective_batch_size)
+
+
+@dataclass(frozen=True)
+class StepLRSchedule:
+    """η as a function of the optimizer step, for loops that count their schedule in steps: the
+    common "linear warmup, then cosine to a minimum LR" written per iteration. For the step
+    t = 0, 1, ... being taken, the factor on each group's base LR is
+
+      t < W:       (t + 1) / (W + 1)
+      W <= t <= D: r + (1 - r) · ½(1 + cos(π (t - W) / (D - W)))
+      t > D:       r
+      (constant kind: 1), × B_eff / B_base with linear scaling (eq. 11),
+
+    with W = `warmup_steps`, D = `decay_steps` (the horizon; later steps stay at the minimum)
+    and r = `min_lr_ratio` (η_min = r · η_base). With adaptive k the steps hold different
+    numbers of samples; this schedule follows the steps, as such a loop's own formula does."""
+
+    unit = "steps"
+
+    decay_steps: int
+    kind: str = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    lr_scaling: bool = False
+    base_batch_size: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.decay_steps, bool) or not isinstance(self.decay_steps, int) or self.decay_steps < 1:
+            raise ValueError(f"total_steps={self.decay_steps!r} is invalid: allowed an integer >= 1 (the decay horizon)")
+        if (isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int)
+                or not 0 <= self.warmup_steps < self.decay_steps):
+            raise ValueError(f"warmup_steps={self.warmup_steps!r} is invalid: allowed an integer in "
+                             f"[0, total_steps) = [0, {self.decay_steps})")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr ratio {self.min_lr_ratio!r} is invalid: allowed a value in [0, 1] of the base LR")
+        if self.base_batch_size < 1:
+            raise ValueError(f"base_batch_size={self.base_batch_size!r} is invalid: allowed an integer >= 1")
+
+    def shape(self, step: int) -> float:
+        if self.kind == "constant":
+            return 1.0
+        warmup, horizon, r = self.warmup_steps, self.decay_steps, self.min_lr_ratio
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if step > horizon:
+            return r
+        progress = (step - warmup) / (horizon - warmup)
+        return r + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - r)
+
+    def batch_factor(self, effective_batch_size: int) -> float:
+        return effective_batch_size / self.base_batch_size if self.lr_scaling else 1.0
+
+    def lr_multiplier(self, step: int, effective_batch_size: int) -> float:
+        return self.shape(step) * self.batch_factor(effective_batch_size)
+
+
+def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples: int | None = None,
+                  total_steps: int | None = None, warmup_steps: int | None = None,
+                  min_lr: float | None = None) -> LRSchedule | StepLRSchedule:
+    """The configuration's schedule over `total_samples` samples, or -- given `total_steps` --
+    over optimizer steps: warmup over `warmup_steps` (default: the configuration's
+    warmup_fraction of total_steps), cosine to `min_lr` (an LR value; default: the
+    configuration's min_lr_ratio × the first group's base LR) at step `total_steps`."""
+    if (total_samples is None) == (total_steps is None):
+        raise ValueError(f"total_samples={total_samples!r}, total_steps={total_steps!r} is invalid: allowed exactly "
+                         "one of them (the schedule's horizon in samples, or in optimizer steps)")
+    if total_samples is not None:
+        if isinstance(total_samples, bool) or not isinstance(total_samples, int) or total_samples < 1:
+            raise ValueError(f"total_samples={total_samples!r} is invalid: allowed an integer >= 1")
+        if warmup_steps is not None or min_lr is not None:
+            raise ValueError("warmup_steps / min_lr are invalid with total_samples: allowed with total_steps "
+                             "(a sample-based schedule takes OptimizationConfig.warmup_fraction and min_lr_ratio)")
+        return LRSchedule(total_samples=total_samples, kind=config.schedule, warmup_fraction=config.warmup_fraction,
+                          min_lr_ratio=config.min_lr_ratio, lr_scaling=config.lr_scaling, base_batch_size=base_batch_size)
+    if config.schedule == "constant" and (warmup_steps or min_lr is not None):
+        raise ValueError(f"warmup_steps={warmup_steps!r}, min_lr={min_lr!r} are invalid with "
+                         "OptimizationConfig.schedule='constant': allowed with schedule='cosine'")
+    if warmup_steps is None:
+        warmup_steps = int(round(config.warmup_fraction * total_steps)) if isinstance(total_steps, int) else 0
+    if min_lr is None:
+        ratio = config.min_lr_ratio
+    else:
+        if not 0.0 <= min_lr <= base_lr:
+            raise ValueError(f"min_lr={min_lr!r} is invalid: allowed an LR in [0, base LR = {base_lr!r}]")
+        ratio = min_lr / base_lr if base_lr > 0 else 0.0
+    return StepLRSchedule(decay_steps=total_steps, kind=config.schedule, warmup_steps=warmup_steps, min_lr_ratio=ratio,
+                          lr_scaling=config.lr_scaling, base_batch_size=base_batch_size)
 
 
 def remember_base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:

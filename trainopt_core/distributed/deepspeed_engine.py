@@ -166,10 +166,11 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         optimizer: torch.optim.Optimizer,
         config: OptimizationConfig,
         *,
-        total_samples: int,
+        total_samples: int | None = None,
         micro_batch_size: int,
         device: torch.device | str | None = None,
         world_size: int = 1,
+        **schedule_in_steps,
     ):
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise ValueError(
@@ -192,6 +193,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             super().__init__(
                 model, optimizer, config,
                 total_samples=total_samples, micro_batch_size=micro_batch_size, device=device, world_size=world_size,
+                **schedule_in_steps,
             )
             self.scaler = None  # DeepSpeed's own dynamic loss scaler runs fp16
             self.module = model

@@ -174,7 +174,8 @@ def run(
                 memory.add_tracked(tracker)  # slowed by the tracker: not a throughput sample
             else:
                 throughput.add_step(step_items, step_s)
-            steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss, **engine.stats()))
+            steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss,
+                              **step_record_fields(engine)))
             bar.update(steps[-1]["effective_batch_size"])
             # Not before the step whose memory is broken down has run: resumed in a fresh process,
             # that step would be the process's first (DDP's first iteration allocates what later
@@ -459,6 +460,21 @@ def _as_twin_of(twin: dict, cfg: OptimizationConfig) -> dict:
     return record
 
 
+# the run record's per-step field -> the engine's stats() key (records keep their schema-2 names)
+_STEP_FIELDS = dict(lr="last_lr", k="next_k_micro_batches", effective_batch_size="last_effective_batch_samples",
+                    loss_scale="loss_scale", skipped_steps="skipped_steps", grad_norm="last_grad_norm",
+                    sigma_sq="sigma_sq", grad_sq="grad_sq", grad_sq_half_width="grad_sq_half_width",
+                    b_simple="b_simple_items", noise_significant="noise_significant", k_reason="k_reason",
+                    sigma_target="sigma_target", samples_consumed="samples_consumed")
+
+
+def step_record_fields(engine) -> dict:
+    """What a run record logs per optimizer step, under its field names: the LR and effective
+    batch (samples) of the step just taken, the k chosen for the next one, the noise estimate."""
+    stats = engine.stats()
+    return {field: stats[key] for field, key in _STEP_FIELDS.items()}
+
+
 def build_engine(bundle: Task, prof: TaskProfile, cfg: OptimizationConfig, *, device, backend: str = "torch",
                  micro: int | None = None, total_samples: int | None = None, ddp: bool = False):
     """The task's model (DDP-wrapped when `ddp`), the paper's AdamW with the profile's LR, betas
@@ -505,5 +521,5 @@ def _evaluate(bundle: Task, engine, model, train_time_s: float, steps: list[dict
         k=engine.k,
         loss_scale=engine.loss_scale,
         effective_batch_size=engine.effective_batch_size,
-        b_simple=engine.stats()["b_simple"],
+        b_simple=engine.stats()["b_simple_items"],
     )
