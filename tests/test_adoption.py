@@ -189,11 +189,10 @@ def test_schedule_arguments_are_checked_naming_value_and_allowed():
         make(total_samples=100, warmup_steps=3)
 
 
-def test_stopping_and_evaluation_helpers_stay_in_samples_when_k_adapts():
+def test_stopping_and_evaluation_helpers_stay_in_samples_when_k_changes():
     torch.manual_seed(0)
     model = nn.Linear(8, 2)
-    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.05),
-                     OptimizationConfig(k=3, adaptive=True, k_min=2, k_max=6, noise_window=2),
+    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.05), OptimizationConfig(k=3),
                      total_samples=600, micro_batch_size=4)
     evaluations, boundaries = [], [0]
     while not engine.done():
@@ -205,10 +204,11 @@ def test_stopping_and_evaluation_helpers_stay_in_samples_when_k_adapts():
             if i == 0:
                 assert not engine.every(samples=100)  # mid-way through an effective batch
         boundaries.append(engine.samples_consumed)
+        engine.k = 2 + engine.optimizer_steps % 5  # as adaptive k would, at the boundary: 2..6
         if engine.every(samples=100):
             evaluations.append((boundaries[-2], boundaries[-1]))
     assert engine.samples_consumed >= 600 and boundaries[-2] < 600
-    assert len({b - a for a, b in zip(boundaries, boundaries[1:])}) > 1  # k adapted: steps of several sizes
+    assert len({b - a for a, b in zip(boundaries, boundaries[1:])}) == 5  # steps of 8..24 samples
     # one evaluation per 100 samples crossed, on the step that crossed it
     assert len(evaluations) == engine.samples_consumed // 100
     assert all(before // 100 < after // 100 for before, after in evaluations)

@@ -303,8 +303,8 @@ def apply_activation_checkpointing(model: nn.Module, segments: Segments = "sqrt"
             "the blocks already checkpoint themselves (transformers' gradient_checkpointing_enable()); "
             "call model.gradient_checkpointing_disable() first"
         )
-    if adapter == "gpt2":
-        model.config.use_cache = False
+    if adapter == "gpt2" or getattr(getattr(model, "config", None), "use_cache", False):
+        model.config.use_cache = False  # a Hugging Face model, however its blocks were named
     boundaries = segment_boundaries(len(blocks), count)
     for start, end in boundaries:
         state = _SegmentState()
