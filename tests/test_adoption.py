@@ -215,3 +215,16 @@ def test_stopping_and_evaluation_helpers_stay_in_samples_when_k_changes():
     with pytest.raises(RuntimeError, match="micro_steps\\(\\) after 1 of"):
         engine.backward(model(torch.randn(4, 8)).sum())
         engine.micro_steps()
+
+
+def test_a_constant_lr_needs_no_horizon():
+    model = nn.Linear(4, 2)
+    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(k=2), micro_batch_size=2)
+    for _ in range(3):
+        for _ in engine.micro_steps():
+            engine.backward(model(torch.randn(2, 4)).pow(2).mean())
+            engine.step()
+    assert engine.lr == 0.1 and engine.optimizer_steps == 3 and not engine.done()
+    with pytest.raises(ValueError, match="neither only with OptimizationConfig.schedule='constant'"):
+        prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(schedule="cosine"),
+                micro_batch_size=2)

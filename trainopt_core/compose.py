@@ -55,6 +55,7 @@ def prepare(
     The LR schedule runs over `total_samples` samples (sequences, images) -- or, given
     `total_steps` instead, over optimizer steps: linear warmup for `warmup_steps` steps, cosine
     to `min_lr` (an LR value) at step `total_steps` (`schedule.StepLRSchedule`).
+    A constant schedule (the config's default) needs neither.
     """
     if not isinstance(config, OptimizationConfig):
         raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")

@@ -124,9 +124,14 @@ def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples
     over optimizer steps: warmup over `warmup_steps` (default: the configuration's
     warmup_fraction of total_steps), cosine to `min_lr` (an LR value; default: the
     configuration's min_lr_ratio × the first group's base LR) at step `total_steps`."""
+    if total_samples is None and total_steps is None and config.schedule == "constant" and not warmup_steps:
+        # a constant LR has no horizon to state; decay_steps is never read by its shape
+        return StepLRSchedule(decay_steps=1, kind="constant", lr_scaling=config.lr_scaling,
+                              base_batch_size=base_batch_size)
     if (total_samples is None) == (total_steps is None):
         raise ValueError(f"total_samples={total_samples!r}, total_steps={total_steps!r} is invalid: allowed exactly "
-                         "one of them (the schedule's horizon in samples, or in optimizer steps)")
+                         "one of them (the schedule's horizon in samples, or in optimizer steps; neither only with "
+                         "OptimizationConfig.schedule='constant')")
     if total_samples is not None:
         if isinstance(total_samples, bool) or not isinstance(total_samples, int) or total_samples < 1:
             raise ValueError(f"total_samples={total_samples!r} is invalid: allowed an integer >= 1")
