@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-import math
 import os
 import re
 import runpy
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from test_adoption import _reference_lr as reference_lr
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -124,10 +125,8 @@ def test_precision_runs_the_forward_in_bf16_and_keeps_fp32_weights(plain):
 
 
 def _reference_lr(it: int, args) -> float:
-    if it < args.warmup_iters:
-        return args.lr * (it + 1) / (args.warmup_iters + 1)
-    ratio = (it - args.warmup_iters) / (args.max_iters - args.warmup_iters)
-    return args.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (args.lr - args.min_lr)
+    return reference_lr(it, learning_rate=args.lr, warmup_iters=args.warmup_iters, lr_decay_iters=args.max_iters,
+                        min_lr=args.min_lr)
 
 
 def test_the_schedule_equals_a_hand_written_warmup_and_cosine_in_the_plain_loop():
