@@ -72,7 +72,7 @@ def engine_overhead(task: str, profile: str, rounds: int, steps: int, adaptive: 
         return base_lrs[0] * schedule.lr_multiplier(samples, micro * k)
 
     state = {"samples": 0}
-    run_engine = lambda: runner._one_optimizer_step(engine, bundle_e, bundle_e.model, batches_e)  # noqa: E731
+    run_engine = lambda: runner.one_optimizer_step(engine, bundle_e, bundle_e.model, batches_e)  # noqa: E731
     run_hand = lambda: hand_written_step(bundle_h.model, opt_h, bundle_h, batches_h, k, "bf16", 1.0, lr_at, state)  # noqa: E731
     run_engine(), run_hand()  # warm-up
     ratios = []

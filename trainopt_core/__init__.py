@@ -12,7 +12,8 @@ The thin library (needs only torch) is what sits at this level:
     accumulation.py   variance-aware gradient accumulation (eqs. 4-9)
     schedule.py       warmup + cosine LR, linear batch scaling, clipping (eqs. 10-12)
     precision.py      mixed precision with dynamic loss scaling (eqs. 13-17)
-    checkpointing.py  √L activation checkpointing (eqs. 18-20)
+    checkpointing.py  √L activation checkpointing (eqs. 18-20), full or selective
+    planner.py        plan(): the configuration chosen by measured cost on this machine (eq. 3)
     distributed/      process groups, DeepSpeed ZeRO engine, launch CLI, run_processes
     measure/          throughput, peak memory, energy, FLOPs utilization, time-to-target, eq. 3
 
@@ -26,17 +27,20 @@ from .checkpointing import apply_activation_checkpointing, remove_activation_che
 from .compose import prepare
 from .config import ABLATION_LADDER, OptimizationConfig, leave_one_out
 from .engine import TrainingEngine
+from .planner import Plan, plan
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ABLATION_LADDER",
     "OptimizationConfig",
+    "Plan",
     "TrainingEngine",
     "apply_activation_checkpointing",
     "distributed",
     "leave_one_out",
     "measure",
+    "plan",
     "prepare",
     "remove_activation_checkpointing",
 ]

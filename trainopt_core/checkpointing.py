@@ -29,13 +29,15 @@ element 0 when blocks return tuples) as its first positional argument, with noth
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Union
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils import _python_dispatch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 Segments = Union[str, int]
 
@@ -56,6 +58,7 @@ class CheckpointPlan:
     num_blocks: int
     segments: int
     boundaries: tuple[tuple[int, int], ...]
+    policy: str = "full"
 
     @property
     def segment_sizes(self) -> tuple[int, ...]:
@@ -195,16 +198,43 @@ def _running_stats_frozen(blocks):
         m for block in blocks for m in block.modules()
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
     ]
-    saved = [[(buf, buf.detach().clone()) for buf in (m.running_mean, m.running_var, m.num_batches_tracked)
-              if buf is not None] for m in norms]
+    # Outside any dispatch mode: selective checkpointing replays the forward's op sequence during
+    # the recompute and would reject ops the forward did not run.
+    with _python_dispatch._disable_current_modes():
+        saved = [[(buf, buf.detach().clone()) for buf in (m.running_mean, m.running_var, m.num_batches_tracked)
+                  if buf is not None] for m in norms]
     try:
         yield
     finally:
-        with torch.no_grad():
+        with torch.no_grad(), _python_dispatch._disable_current_modes():
             for pairs in saved:
                 for buf, value in pairs:
                     # .data: restoring the buffers must not bump the version counter autograd checks.
                     buf.data.copy_(value)
+
+
+POLICIES = ("full", "selective")
+# Selective checkpointing keeps the outputs of these ops (the expensive ones: matrix products,
+# convolutions, fused attention) and recomputes everything else (pointwise ops, norms, softmax)
+_SAVED_BY_SELECTIVE = tuple(
+    getattr(torch.ops.aten, name) for name in (
+        "mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu")
+    if hasattr(torch.ops.aten, name))
+
+
+def _save_expensive_ops(ctx, op, *args, **kwargs):
+    if op.overloadpacket in _SAVED_BY_SELECTIVE:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _context_fn(policy: str):
+    """`torch.utils.checkpoint`'s ``context_fn`` for a policy (None: full recompute)."""
+    if policy == "full":
+        return None
+    return functools.partial(create_selective_checkpoint_contexts, _save_expensive_ops)
 
 
 class _SegmentState:
@@ -226,9 +256,10 @@ def _plain_forward(block, *args, **kwargs):
 class _SegmentForward:
     """``forward`` of a segment's first block: the whole segment under one checkpoint call."""
 
-    def __init__(self, blocks, state):
+    def __init__(self, blocks, state, policy="full"):
         self.blocks = list(blocks)
         self.state = state
+        self.context_fn = _context_fn(policy)
 
     def _run_blocks(self, calls, hidden, args, kwargs):
         calls[0] += 1  # call 1 is the forward, later calls are recomputes during backward
@@ -250,9 +281,12 @@ class _SegmentForward:
                 "write the KV cache twice; set model.config.use_cache=False for training"
             )
         calls = [0]
+        # selective: what the policy saves goes through any active saved-tensor hooks (the
+        # memory tracker's, offloading) like every other saved tensor
+        extra = {} if self.context_fn is None else {"context_fn": self.context_fn, "respect_saved_tensors_hooks": True}
         output = checkpoint(
             lambda h: self._run_blocks(calls, h, args, kwargs),
-            hidden, use_reentrant=False, preserve_rng_state=True,
+            hidden, use_reentrant=False, preserve_rng_state=True, **extra,
         )
         self.state.pending_pass_throughs = len(self.blocks) - 1
         self.state.tuple_len = len(output) if isinstance(output, tuple) else None
@@ -279,22 +313,28 @@ def _is_wrapped(block: nn.Module) -> bool:
     return isinstance(block.__dict__.get("forward"), (_SegmentForward, _PassThroughForward))
 
 
-def apply_activation_checkpointing(model: nn.Module, segments: Segments = "sqrt") -> CheckpointPlan:
+def apply_activation_checkpointing(model: nn.Module, segments: Segments = "sqrt", policy: str = "full") -> CheckpointPlan:
     """Checkpoint the model's blocks in ⌈√L⌉ (or ``segments``) contiguous segments, in place.
 
-    Applying again with the same resolved segment count returns the existing plan; a different
-    count raises ValueError (call `remove_activation_checkpointing` first). For GPT-2,
+    ``policy="full"`` keeps only each segment's input; ``"selective"`` also keeps the outputs
+    of matrix products, convolutions and fused attention and recomputes only the rest (torch's
+    selective-checkpoint contexts): more memory than full, far less recompute.
+    Applying again with the same resolved segment count and policy returns the existing plan;
+    anything else raises ValueError (call `remove_activation_checkpointing` first). For GPT-2,
     ``config.use_cache`` is set to False: a KV cache must not be written during training.
     """
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r} is invalid: allowed one of {POLICIES}")
     adapter, blocks = _model_blocks(model)
     count = resolve_segments(len(blocks), segments)
     existing = model.__dict__.get(_PLAN_ATTR)
     if existing is not None:
-        if existing.segments == count:
+        if (existing.segments, existing.policy) == (count, policy):
             return existing
         raise ValueError(
-            f"segments={segments!r} is invalid: activation checkpointing is already applied with "
-            f"{existing.segments} segments; call remove_activation_checkpointing(model) first"
+            f"segments={segments!r}, policy={policy!r} is invalid: activation checkpointing is already applied "
+            f"with {existing.segments} segments, policy {existing.policy!r}; call "
+            "remove_activation_checkpointing(model) first"
         )
     if any(_is_wrapped(block) for block in blocks):
         raise ValueError("activation checkpointing is already applied to these blocks (through another model)")
@@ -308,10 +348,11 @@ def apply_activation_checkpointing(model: nn.Module, segments: Segments = "sqrt"
     boundaries = segment_boundaries(len(blocks), count)
     for start, end in boundaries:
         state = _SegmentState()
-        blocks[start].forward = _SegmentForward(blocks[start:end], state)
+        blocks[start].forward = _SegmentForward(blocks[start:end], state, policy)
         for block in blocks[start + 1:end]:
             block.forward = _PassThroughForward(block, state)
-    plan = CheckpointPlan(adapter=adapter, num_blocks=len(blocks), segments=count, boundaries=boundaries)
+    plan = CheckpointPlan(adapter=adapter, num_blocks=len(blocks), segments=count, boundaries=boundaries,
+                          policy=policy)
     model.__dict__[_PLAN_ATTR] = plan
     return plan
 

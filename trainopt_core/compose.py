@@ -22,6 +22,38 @@ def deepspeed_available() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
 
+def _to_channels_last(model: torch.nn.Module) -> None:
+    if not any(p.dim() == 4 for p in model.parameters()):
+        raise ValueError("memory_format='channels_last' is invalid for a model without 4-D (convolution) weights: "
+                         "allowed 'contiguous'")
+    model.to(memory_format=torch.channels_last)
+
+
+def use_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> None:
+    """Switch a built torch optimizer to its ``foreach`` or ``fused`` kernels, in place, as its
+    constructor would have (Adam, AdamW, SGD and others take both flags)."""
+    if impl not in ("foreach", "fused"):
+        raise ValueError(f"impl={impl!r} is invalid: allowed 'foreach' or 'fused'")
+    if impl not in optimizer.defaults:
+        raise ValueError(f"optimizer_impl={impl!r} is invalid for {type(optimizer).__name__}, which has no "
+                         f"{impl!r} option: allowed 'default'")
+    if impl == "fused":
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        supported = _get_fused_kernels_supported_devices()
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.device.type not in supported or not torch.is_floating_point(param):
+                    raise ValueError(f"optimizer_impl='fused' is invalid for a {param.dtype} parameter on "
+                                     f"{param.device.type}: fused kernels take floating-point parameters on "
+                                     f"{supported}; allowed 'default' or 'foreach'")
+    for settings in (optimizer.defaults, *optimizer.param_groups):
+        settings["foreach"] = impl == "foreach"
+        settings["fused"] = impl == "fused"
+    if impl == "fused":
+        optimizer._step_supports_amp_scaling = True  # the fused step unscales and skips inf itself
+
+
 def prepare(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -51,6 +83,10 @@ def prepare(
     `config.zero_stage` (pass the plain module; run the forward through `engine.model`);
     "auto" -- deepspeed when config.zero_stage > 0, world_size > 1 and deepspeed is installed.
     A DDP model in fp16/bf16 all-reduces its gradients in that precision (torch's compress hooks).
+    The speed options are applied in place too: `config.memory_format` ("channels_last": the
+    model's 4-D weights, for CNNs), `config.optimizer_impl` (the optimizer's foreach/fused
+    kernels) and `config.compile` (``model.compile()``: the model object itself runs compiled;
+    the first steps compile).
 
     The LR schedule runs over `total_samples` samples (sequences, images) -- or, given
     `total_steps` instead, over optimizer steps: linear warmup for `warmup_steps` steps, cosine
@@ -79,7 +115,13 @@ def prepare(
             "them).")
         config = config.replace(checkpointing=None)
     if config.checkpointing is not None:
-        apply_activation_checkpointing(target, segments=config.checkpointing)
+        apply_activation_checkpointing(target, segments=config.checkpointing, policy=config.checkpoint_policy)
+    if config.memory_format == "channels_last":
+        _to_channels_last(target)
+    if config.optimizer_impl != "default":
+        use_optimizer_impl(optimizer, config.optimizer_impl)
+    if config.compile:
+        target.compile()  # in place: the caller's model object runs compiled
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
         # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -16,14 +16,21 @@ from typing import Literal, Union
 import torch
 
 from .accumulation import K_RULES
+from .checkpointing import POLICIES as CHECKPOINT_POLICIES
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 SCHEDULES = ("constant", "cosine")
 ZERO_STAGES = (0, 1, 2)
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+MEMORY_FORMATS = ("contiguous", "channels_last")
 
 Checkpointing = Union[None, Literal["sqrt"], int]
 # Fields that stop a failing run but never change what a finished one computed.
 GUARD_FIELDS = frozenset({"max_nonfinite_steps"})
+# Fields added after run records were committed, with their defaults: a configuration that leaves
+# them at the default hashes as it did before they existed, so its records stay valid.
+LATER_FIELD_DEFAULTS = {"checkpoint_policy": "full", "compile": False, "optimizer_impl": "default",
+                        "memory_format": "contiguous"}
 
 
 def _fail(field_name: str, value, allowed: str) -> None:
@@ -63,7 +70,16 @@ class OptimizationConfig:
     clip_norm: float | None = None
     # memory
     checkpointing: Checkpointing = None
+    # "full": a segment keeps only its input and recomputes everything in backward; "selective":
+    # it also keeps matmul/convolution/attention outputs and recomputes only the cheap ops
+    # (torch.utils.checkpoint's selective-checkpoint policies)
+    checkpoint_policy: str = "full"
     zero_stage: int = 0
+    # speed: torch.compile the model (in place), the optimizer's implementation (torch's
+    # foreach or fused kernels, where the optimizer has them) and channels-last weights for CNNs
+    compile: bool = False
+    optimizer_impl: str = "default"
+    memory_format: str = "contiguous"
     # fp16 dynamic loss scaling (torch.amp.GradScaler semantics)
     initial_loss_scale: float = 2.0**16
     loss_scale_growth_interval: int = 2000
@@ -106,6 +122,17 @@ class OptimizationConfig:
         cp = self.checkpointing
         if not (cp is None or cp == "sqrt" or (isinstance(cp, int) and not isinstance(cp, bool) and cp >= 1)):
             _fail("checkpointing", cp, "None, 'sqrt' or an integer number of segments >= 1")
+        if self.checkpoint_policy not in CHECKPOINT_POLICIES:
+            _fail("checkpoint_policy", self.checkpoint_policy, f"one of {CHECKPOINT_POLICIES}")
+        if self.checkpoint_policy != "full" and cp is None:
+            _fail("checkpoint_policy", self.checkpoint_policy, "'full' while checkpointing is None (set checkpointing "
+                  "to 'sqrt' or a number of segments to checkpoint selectively)")
+        if not isinstance(self.compile, bool):
+            _fail("compile", self.compile, "True or False")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            _fail("optimizer_impl", self.optimizer_impl, f"one of {OPTIMIZER_IMPLS}")
+        if self.memory_format not in MEMORY_FORMATS:
+            _fail("memory_format", self.memory_format, f"one of {MEMORY_FORMATS}")
         if self.zero_stage not in ZERO_STAGES:
             _fail("zero_stage", self.zero_stage, f"one of {ZERO_STAGES}")
         if not (self.initial_loss_scale > 0 and math.isfinite(self.initial_loss_scale)):
@@ -159,8 +186,10 @@ class OptimizationConfig:
 
     def computation_fields(self) -> dict:
         """The fields that decide what a finished run computes: all but the guards
-        (`GUARD_FIELDS`), which only decide whether a run may go on."""
-        return {key: value for key, value in self.to_dict().items() if key not in GUARD_FIELDS}
+        (`GUARD_FIELDS`), which only decide whether a run may go on, and the later fields at
+        their defaults (`LATER_FIELD_DEFAULTS`), so that older records keep their hashes."""
+        return {key: value for key, value in self.to_dict().items()
+                if key not in GUARD_FIELDS and not (key in LATER_FIELD_DEFAULTS and value == LATER_FIELD_DEFAULTS[key])}
 
     def config_hash(self) -> str:
         blob = json.dumps(self.computation_fields(), sort_keys=True).encode()

@@ -87,7 +87,7 @@ def quality_hash(cfg: OptimizationConfig, *, world_size: int, backend: str, devi
     DeepSpeed reduce and partition in their own order."""
     if device_type != "cpu" or world_size != 1 or backend != "torch":
         return None
-    return computation_hash(cfg.replace(checkpointing=None), world_size=world_size, backend=backend)
+    return computation_hash(cfg.replace(checkpointing=None, checkpoint_policy="full"), world_size=world_size, backend=backend)
 
 
 def write_record(path: Path, record: dict) -> None:

@@ -1,0 +1,172 @@
+"""Benchmark: trainopt_core.plan() against the fp32 baseline, ratios measured in one run.
+
+For each task of the profile (the quick ResNet and GPT-2 on this machine; the paper's sizes
+with --profile paper on a GPU) it plans four times on one training batch of the baseline's size:
+
+1. no budget, time only: the `auto` configuration; its planning time is bar 4 (<= 60 s);
+2. a budget of 50 % of the baseline's measured peak (bar 2: within budget, >= 1.0x baseline);
+3. time and memory weighted (1, 1, 0), which measures checkpointing, to find a budget that only
+   checkpointing meets: halfway between the smallest checkpointed and the smallest
+   non-checkpointed peak;
+4. that budget (bar 3: the plan checkpoints and fits).
+
+Then the baseline and the planned configurations are built as the reproduction builds them
+(`runner.build_engine`: the profile's AdamW, its real training batches) and timed interleaved,
+A, B, C, A, B, C ..., in `--windows` windows of `--steps` optimizer steps; each ratio to the
+baseline is paired window by window (median and 95 % interval). Peak memory of each is measured
+again on that path (one tracked optimizer step after a warm-up). Bar 1: auto >= 1.25x.
+
+    python benchmarks/bench_plan.py [--profile quick] [--tasks cifar10,wikitext2] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import functools
+import json
+import sys
+import time
+import warnings
+
+import torch
+
+from trainopt_core import measure
+from trainopt_core.config import OptimizationConfig
+from trainopt_core.measure.memory import MemoryTracker
+from trainopt_core.measure.stats import paired_ratio
+from trainopt_core.measure.timing import interleaved_windows
+from trainopt_core.planner import plan
+from trainopt_core.reproduction import runner
+from trainopt_core.reproduction.profiles import get_profile
+from trainopt_core.reproduction.tasks import build_task
+
+print = functools.partial(print, flush=True)  # noqa: A001 -- interleaved with progress on stderr
+BARS = {"auto_speedup": 1.25, "half_budget_speedup": 1.0, "planning_s": 60.0}
+
+
+def _plans(bundle, prof, device, progress: bool) -> dict:
+    model = copy.deepcopy(bundle.model).to(device)
+    batch = tuple(t for t in next(bundle.train_batches(prof.baseline_batch_size, seed=0)) if t is not None)
+
+    def loss(model, x, y=None):
+        return bundle.loss(model, x, y)
+
+    def optimizer(parameters):
+        return torch.optim.AdamW(parameters, lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
+
+    def planned(**kwargs):
+        return plan(model, optimizer, batch, loss, loss_takes_model=True, device=device, progress=progress,
+                    **kwargs)
+
+    plans = {"auto": planned()}
+    base_peak = plans["auto"].baseline["peak_memory_bytes"]
+    plans["auto, 50 % budget"] = planned(memory_budget_bytes=0.5 * base_peak)
+    weighted = planned(weights=(1.0, 1.0, 0.0))
+    peaks = {kind: [row["peak_memory_bytes"] for row in weighted.rows if row["peak_memory_bytes"] is not None
+                    and (row["checkpointing"] is not None) == kind] for kind in (False, True)}
+    plans["(time, memory) weighted"] = weighted
+    if peaks[True] and min(peaks[True]) < min(peaks[False]):
+        budget = (min(peaks[True]) + min(peaks[False])) / 2
+        plans["auto, checkpoint-only budget"] = planned(memory_budget_bytes=budget)
+    return plans
+
+
+def _engine_step(bundle, prof, cfg: OptimizationConfig, device):
+    copied = dataclasses.replace(bundle, model=copy.deepcopy(bundle.model))
+    engine, micro = runner.build_engine(copied, prof, cfg, device=device)
+    batches = copied.train_batches(micro, seed=0)
+    return engine, lambda: runner.one_optimizer_step(engine, copied, engine.model, batches)[0]
+
+
+def _peak_bytes(engine, step, device) -> int:
+    step()  # warm-up: optimizer state allocated
+    with MemoryTracker(engine.model, engine.optimizer, device) as tracker:
+        step()
+    return tracker.peak_bytes
+
+
+def bench_task(task: str, profile: str, device: torch.device, windows: int, steps: int, progress: bool) -> dict:
+    prof = get_profile(task, profile)
+    torch.manual_seed(0)
+    bundle = build_task(prof, data_policy="auto", data_dir=None, device=device, seed=0)
+    print(f"\n{task}: {bundle.model_name}; {bundle.data_source}; batch {prof.baseline_batch_size}")
+    plans = _plans(bundle, prof, device, progress)
+    for label, result in plans.items():
+        budget = result.memory_budget_bytes
+        print(f"  plan {label}: {result.chosen['candidate']} (planning {result.planning_s:.1f} s, "
+              f"{sum(r['speedup'] is not None for r in result.rows)} candidates timed"
+              + (f", budget {budget / 2**20:.1f} MiB" if budget else "") + ")")
+    configs = {"baseline": OptimizationConfig.baseline()}
+    configs.update({label: p.config for label, p in plans.items() if label != "(time, memory) weighted"})
+    steps_by_label, peaks = {}, {}
+    for label, cfg in configs.items():
+        engine, step = _engine_step(bundle, prof, cfg, device)
+        peaks[label] = _peak_bytes(engine, step, device)
+        steps_by_label[label] = step
+    rates = interleaved_windows(steps_by_label, windows=windows, steps_per_window=steps, warmup_steps=1, device=device)
+    results = {"task": task, "profile": profile, "model": bundle.model_name, "data_source": bundle.data_source,
+               "windows": windows, "steps_per_window": steps, "rows": []}
+    print(f"  timed interleaved: {windows} windows x {steps} optimizer steps; ratio to the baseline paired by window")
+    for label, cfg in configs.items():
+        ratio = paired_ratio(rates[label], rates["baseline"])
+        planned = plans.get(label)
+        budget = planned.memory_budget_bytes if planned else None
+        row = {"configuration": label, "config": cfg.computation_fields(), "speedup": ratio["median"],
+               "speedup_ci_low": ratio["ci_low"], "speedup_ci_high": ratio["ci_high"],
+               "peak_memory_bytes": peaks[label], "memory_budget_bytes": budget,
+               "planning_s": planned.planning_s if planned else None,
+               "chosen": planned.chosen["candidate"] if planned else "fp32, k=1"}
+        results["rows"].append(row)
+        fit = "" if budget is None else (" within budget" if peaks[label] <= budget else " OVER BUDGET")
+        print(f"  {label:30s} {row['chosen']:45s} x{ratio['median']:.2f} [{ratio['ci_low']:.2f}, "
+              f"{ratio['ci_high']:.2f}]  peak {peaks[label] / 2**20:7.1f} MiB{fit}")
+    rows = {row["configuration"]: row for row in results["rows"]}
+    bars = [("auto >= 1.25x baseline", rows["auto"]["speedup"], BARS["auto_speedup"], ">="),
+            ("50 % budget: >= 1.0x baseline", rows["auto, 50 % budget"]["speedup"], BARS["half_budget_speedup"], ">="),
+            ("planning time (s) <= 60", plans["auto"].planning_s, BARS["planning_s"], "<=")]
+    print("  bars:")
+    for name, value, bar, op in bars:
+        held = value >= bar if op == ">=" else value <= bar
+        print(f"    {name:34s} {value:7.2f}  {'met' if held else 'NOT MET'}")
+    half = rows["auto, 50 % budget"]
+    print(f"    {'50 % budget: within budget':34s} {'met' if half['peak_memory_bytes'] <= half['memory_budget_bytes'] else 'NOT MET'}")
+    only = rows.get("auto, checkpoint-only budget")
+    if only is None:
+        print("    checkpoint-only budget: no checkpointed candidate went below every plain one: not tested")
+    else:
+        ok = only["config"].get("checkpointing") is not None and only["peak_memory_bytes"] <= only["memory_budget_bytes"]
+        print(f"    {'checkpoint-only budget: checkpoints, fits':34s} {'met' if ok else 'NOT MET'}")
+    results["plans"] = {label: p.to_dict() for label, p in plans.items()}
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="quick", choices=("smoke", "quick", "paper"))
+    parser.add_argument("--tasks", default="cifar10,wikitext2")
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--json", default=None, help="also write the measurements and plans here")
+    parser.add_argument("--progress", action="store_true")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    hardware = measure.run_manifest()["hardware"]
+    print(f"machine: {hardware}; device {device}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    started = time.perf_counter()
+    results = {"hardware": hardware, "device": str(device), "torch": torch.__version__,
+               "manifest": measure.run_manifest(profile=args.profile, device=device),
+               "tasks": [bench_task(task, args.profile, device, args.windows, args.steps, args.progress)
+                         for task in args.tasks.split(",")]}
+    results["wall_s"] = time.perf_counter() - started
+    print(f"\nbenchmark took {results['wall_s']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The configuration's speed options: selective checkpointing, the optimizer's foreach/fused
+kernels, channels-last weights, torch.compile; and that adding them kept every older hash."""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainopt_core import prepare
+from trainopt_core.checkpointing import apply_activation_checkpointing, saved_activation_bytes
+from trainopt_core.compose import use_optimizer_impl
+from trainopt_core.config import OptimizationConfig, with_precision
+
+from test_checkpointing import CASES, _grads
+
+
+def test_new_fields_at_their_defaults_keep_the_hashes_committed_records_carry():
+    # hashes in reports/quick/runs/ file names, made before these fields existed
+    assert OptimizationConfig.baseline().config_hash() == "e4536eadcb"
+    assert with_precision(OptimizationConfig.optimized(), "bf16").config_hash() == "873a13b011"
+    for path in sorted((Path(__file__).parents[1] / "reports" / "quick" / "runs").glob("*.json")):
+        record = json.loads(path.read_text())
+        assert OptimizationConfig.from_dict(record["config"]).config_hash() == record["config_hash"], path.name
+    changed = OptimizationConfig.baseline().replace(optimizer_impl="fused")
+    assert changed.config_hash() != "e4536eadcb" and changed.computation_fields()["optimizer_impl"] == "fused"
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("checkpoint_policy", "some", "one of ('full', 'selective')"),
+    ("optimizer_impl", "fast", "one of ('default', 'foreach', 'fused')"),
+    ("memory_format", "nhwc", "one of ('contiguous', 'channels_last')"),
+    ("compile", 1, "True or False"),
+])
+def test_new_fields_are_validated(field, value, allowed):
+    with pytest.raises(ValueError, match=f"OptimizationConfig.{field}={value!r} is invalid: allowed {allowed}".replace(
+            "(", r"\(").replace(")", r"\)")):
+        OptimizationConfig(**{field: value})
+    with pytest.raises(ValueError, match="'full' while checkpointing is None"):
+        OptimizationConfig(checkpoint_policy="selective")
+
+
+@pytest.mark.parametrize("name", ["resnet50", "gpt2"])
+def test_selective_checkpointing_gives_the_plain_gradients_and_keeps_between_full_and_none(name):
+    torch.set_num_threads(1)
+    plain, inputs, loss_of = CASES[name]()
+    full, selective = copy.deepcopy(plain), copy.deepcopy(plain)
+    apply_activation_checkpointing(full, segments=len(list(_blocks(full))))
+    plan = apply_activation_checkpointing(selective, segments=len(list(_blocks(selective))), policy="selective")
+    assert plan.policy == "selective"
+    for model in (plain, selective):
+        model.train()
+        torch.manual_seed(123)
+        loss_of(model).backward()
+    for p_grad, s_grad in zip(_grads(plain), _grads(selective)):
+        torch.testing.assert_close(s_grad, p_grad)
+    full.train()
+    saved = {label: saved_activation_bytes(model, *inputs) for label, model in
+             (("none", plain), ("full", full), ("selective", selective))}
+    assert saved["full"] < saved["selective"] < saved["none"], saved
+    with pytest.raises(ValueError, match="already applied"):
+        apply_activation_checkpointing(selective, segments=len(list(_blocks(selective))))
+
+
+def _blocks(model):
+    from trainopt_core.checkpointing import block_sequence
+    return block_sequence(model)
+
+
+def _linear_run(config, optimizer=None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    optimizer = optimizer(model.parameters()) if optimizer else torch.optim.AdamW(model.parameters(), lr=1e-2)
+    engine = prepare(model, optimizer, config, micro_batch_size=8)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x, y = torch.randn(8, 16, generator=generator), torch.randint(0, 4, (8,), generator=generator)
+        engine.backward(nn.functional.cross_entropy(model(x), y))
+        engine.step()
+    return model, optimizer
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_the_optimizer_impl_switches_torch_kernels_and_trains_like_the_default(impl):
+    reference, _ = _linear_run(OptimizationConfig())
+    model, optimizer = _linear_run(OptimizationConfig(optimizer_impl=impl))
+    assert all(group[impl] is True for group in optimizer.param_groups)
+    other = "fused" if impl == "foreach" else "foreach"
+    assert not any(group[other] for group in optimizer.param_groups)
+    for a, b in zip(reference.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_an_optimizer_without_the_kernels_is_refused():
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="optimizer_impl='fused' is invalid for LBFGS"):
+        use_optimizer_impl(torch.optim.LBFGS(model.parameters()), "fused")
+
+
+def test_channels_last_needs_convolutions_and_converts_their_weights():
+    with pytest.raises(ValueError, match="memory_format='channels_last' is invalid for a model without 4-D"):
+        _linear_run(OptimizationConfig(memory_format="channels_last"))
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.LazyLinear(2))
+    model(torch.randn(1, 3, 8, 8))
+    prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(memory_format="channels_last"),
+            micro_batch_size=1)
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_compile_compiles_the_callers_model_object_in_place():
+    model = nn.Linear(4, 4)
+    prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(compile=True), micro_batch_size=1)
+    assert model._compiled_call_impl is not None  # nn.Module.compile(): the first call compiles

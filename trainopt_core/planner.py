@@ -1,0 +1,630 @@
+"""Choose the configuration by measured cost on this machine: eq. 3 under a memory budget.
+
+The paper's fixed recipe is not the fastest everywhere (on a CPU √L checkpointing recomputes
+far more than the 0.12 of a step it assumes), and the paper names the fix: adaptive policies
+that disable an optimization when its overhead exceeds its benefit. `plan()` does that by
+measurement, on the user's model, batch and device, in three stages, each timed in interleaved
+windows together with the fp32 baseline (so every speedup is a paired ratio to the baseline
+measured in the same windows):
+
+1. Precision × split: fp32, plus bf16 where the device computes it natively, plus fp16 on
+   CUDA; × splits of the effective batch into k micro-batches.
+2. Memory (only when it counts: a budget, or w2 > 0): activation checkpointing -- ⌈√L⌉ segments,
+   every block its own segment, and every block with the selective policy (matmul outputs kept,
+   cheap ops recomputed) -- on the stage-1 candidates it could help: those over the budget, or
+   with w2 > 0 those on the time-memory Pareto front. Checkpointing only adds recompute, so a
+   candidate that already fits is not checkpointed.
+3. Speed options on the best so far: the optimizer's foreach and fused kernels, channels-last
+   weights for CNNs, torch.compile where it is tried; then the options that helped, together.
+
+Before a candidate is timed, the memory model (eq. 8: activations scale with the micro-batch;
+eq. 19: checkpointing keeps a fraction of them), calibrated on one tracked fp32 step, prunes it
+when its prediction exceeds the budget by more than `PRUNE_MARGIN`. Each measured candidate gets
+one tracked step (peak memory; an out-of-memory error makes it infeasible, caught in-process)
+and a quality check (its probe-batch loss is finite and equal to fp32's within the precision's
+tolerance). Eq. 3 (C = w1·T + w2·M + w3·E, each over the baseline's) chooses among candidates
+within the budget, never one slower than the fp32 baseline unless the budget rules the baseline
+out (the plan then says so).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .checkpointing import block_sequence, expected_saved_fraction, has_block_sequence, resolve_segments
+from .compose import prepare
+from .config import OptimizationConfig
+from .measure.costs import cost
+from .measure.energy import EnergyMeter
+from .measure.memory import MemoryTracker
+from .measure.stats import paired_ratio, summarize
+from .measure.timing import interleaved_windows
+
+PRUNE_MARGIN = 1.25       # a prediction this far over the budget is not worth measuring
+LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}  # |loss - fp32 loss| / |fp32 loss| on the probe batch
+MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+def native_reduced_precisions(device: torch.device) -> tuple[str, ...]:
+    """The reduced precisions `device` computes natively: CUDA fp16 always, bf16 where the GPU
+    supports it; a CPU bf16 where it has AVX-512 BF16 or AMX (else bf16 autocast is emulated and
+    slow, and fp16 on a CPU is always slow)."""
+    if device.type == "cuda":
+        return ("bf16", "fp16") if torch.cuda.is_bf16_supported() else ("fp16",)
+    if device.type == "cpu":
+        cpu = getattr(torch.backends, "cpu", None)
+        capability = cpu.get_cpu_capability() if cpu is not None else ""
+        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        return ("bf16",) if native or "AVX512_BF16" in capability else ()
+    return ()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space; `config()` is the OptimizationConfig that runs it."""
+
+    precision: str = "fp32"
+    k: int = 1
+    checkpointing: int | None = None
+    checkpoint_policy: str = "full"
+    optimizer_impl: str = "default"
+    memory_format: str = "contiguous"
+    compile: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = [self.precision, f"k={self.k}"]
+        if self.checkpointing is not None:
+            parts.append(f"checkpointing {self.checkpointing} segments" + (
+                f" {self.checkpoint_policy}" if self.checkpoint_policy != "full" else ""))
+        if self.optimizer_impl != "default":
+            parts.append(f"{self.optimizer_impl} optimizer")
+        if self.memory_format != "contiguous":
+            parts.append(self.memory_format)
+        if self.compile:
+            parts.append("compiled")
+        return ", ".join(parts)
+
+    def replace(self, **changes) -> "Candidate":
+        return dataclasses.replace(self, **changes)
+
+    def config(self) -> OptimizationConfig:
+        return OptimizationConfig(name="auto", **dataclasses.asdict(self))
+
+
+@dataclass
+class Plan:
+    """What `plan()` measured and chose. `config` is the chosen OptimizationConfig; `rows` one dict
+    per candidate (measured or pruned): seconds per sample, speedup over the fp32 baseline (paired,
+    with its 95 % interval), peak memory, energy per sample where measurable, feasibility and why a
+    candidate was rejected. `explain()` says it in words; `pareto_figure()` draws it;
+    `rechoose()` applies another budget or weights to the same measurements."""
+
+    config: OptimizationConfig
+    chosen: dict
+    baseline: dict
+    rows: list[dict]
+    memory_budget_bytes: float | None
+    weights: tuple[float, float, float]
+    planning_s: float
+    compile_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    energy_source: str | None = None
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows).set_index("candidate")
+
+    def to_dict(self) -> dict:
+        """JSON-ready: what a run record stores."""
+        return {"config": self.config.computation_fields(), "chosen": self.chosen["candidate"],
+                "memory_budget_bytes": self.memory_budget_bytes, "weights": list(self.weights),
+                "planning_s": self.planning_s, "compile_s": self.compile_s, "notes": list(self.notes),
+                "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows]}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Plan":
+        rows = [dict(row) for row in values["rows"]]
+        chosen = next(row for row in rows if row["candidate"] == values["chosen"])
+        baseline = next(row for row in rows if row["candidate"] == Candidate().name)
+        return cls(config=OptimizationConfig.from_dict(values["config"]), chosen=chosen, baseline=baseline, rows=rows,
+                   memory_budget_bytes=values["memory_budget_bytes"], weights=tuple(values["weights"]),
+                   planning_s=values["planning_s"], compile_s=values.get("compile_s", 0.0),
+                   notes=list(values.get("notes", [])), energy_source=values.get("energy_source"))
+
+    def rechoose(self, *, memory_budget_bytes: float | None = None, weights: Sequence[float] | None = None) -> "Plan":
+        """The same measurements chosen again under another budget and/or weights (nothing is
+        run). Candidates this plan did not measure stay unmeasured: with a tighter budget,
+        checkpointing may only have been measured where this plan's budget called for it, and
+        the returned plan says so; `plan()` again measures them."""
+        weights = self.weights if weights is None else _check_weights(weights)
+        if memory_budget_bytes is not None and not memory_budget_bytes > 0:
+            _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
+        rows = [_measured_part(row) for row in self.rows]
+        notes = _choose(rows, memory_budget_bytes, weights)
+        if not any(row["checkpointing"] is not None and row["peak_memory_bytes"] is not None for row in rows):
+            notes.append("Checkpointing was not measured in the plan this one re-chooses from; plan() again "
+                         "with this budget to measure it.")
+        chosen = next(row for row in rows if row.get("chosen"))
+        baseline = next(row for row in rows if row["candidate"] == Candidate().name)
+        return Plan(config=_candidate_of(chosen).config(), chosen=chosen, baseline=baseline, rows=rows,
+                    memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=self.planning_s,
+                    compile_s=self.compile_s, notes=notes, energy_source=self.energy_source)
+
+    def explain(self) -> str:
+        base, best = self.baseline, self.chosen
+        budget = "no memory budget" if self.memory_budget_bytes is None else \
+            f"a memory budget of {self.memory_budget_bytes / 2**20:.1f} MiB"
+        lines = [f"Chose {best['candidate']} under {budget}, by eq. 3 with weights (time, memory, energy) = "
+                 f"{tuple(round(w, 3) for w in self.weights)}:",
+                 f"  {best['speedup']:.2f}x the fp32 baseline's samples/s "
+                 f"(95 % interval {_interval(best)}), peak memory {best['peak_memory_bytes'] / 2**20:.1f} MiB "
+                 f"vs {base['peak_memory_bytes'] / 2**20:.1f} MiB.",
+                 f"  Energy: {self.energy_source or 'not measured'}."]
+        for row in self.rows:
+            if row["candidate"] != best["candidate"] and row["rejected_because"]:
+                lines.append(f"  {row['candidate']}: {row['rejected_because']}")
+        lines += [f"  {note}" for note in self.notes]
+        lines.append(f"Planning took {self.planning_s:.1f} s" +
+                     (f", of which compiling {self.compile_s:.1f} s." if self.compile_s else "."))
+        return "\n".join(lines)
+
+    def pareto_figure(self, ax=None):
+        """Seconds per sample (relative to the fp32 baseline, 1/speedup) against peak memory for
+        every measured candidate: the Pareto front joined, the chosen one ringed, infeasible ones
+        grey, the budget as a line. Returns the matplotlib Figure."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 4.5))
+        measured = [r for r in self.rows if r.get("speedup") and r["peak_memory_bytes"] is not None]
+        for row in measured:
+            x, y = row["peak_memory_bytes"] / 2**20, 1.0 / row["speedup"]
+            ax.scatter(x, y, color="tab:blue" if row["feasible"] else "0.7", zorder=3,
+                       marker="s" if row["checkpointing"] is not None else "o")
+        front = pareto_front(measured)
+        ax.plot([r["peak_memory_bytes"] / 2**20 for r in front], [1.0 / r["speedup"] for r in front],
+                color="tab:blue", lw=1, label="Pareto front (time, memory)")
+        best = self.chosen
+        ax.scatter(best["peak_memory_bytes"] / 2**20, 1.0 / best["speedup"], s=200, facecolors="none",
+                   edgecolors="tab:red", lw=2, zorder=4, label=f"chosen: {best['candidate']}")
+        base = self.baseline
+        ax.annotate("fp32 baseline", (base["peak_memory_bytes"] / 2**20, 1.0), textcoords="offset points",
+                    xytext=(5, 5), fontsize=8)
+        if self.memory_budget_bytes is not None:
+            ax.axvline(self.memory_budget_bytes / 2**20, color="tab:red", ls="--", lw=1, label="memory budget")
+        ax.set_xlabel("peak memory of a training step (MiB)")
+        ax.set_ylabel("seconds per sample / fp32 baseline's")
+        ax.set_title("Candidates measured by plan() (squares: checkpointing; grey: rejected)", fontsize=10)
+        ax.legend(fontsize=8)
+        return ax.figure
+
+
+def pareto_front(rows: Sequence[dict]) -> list[dict]:
+    """The rows no other row beats on both time (higher speedup) and peak memory, by memory."""
+    ordered = sorted(rows, key=lambda r: (r["peak_memory_bytes"], -r["speedup"]))
+    front, best_speedup = [], -math.inf
+    for row in ordered:
+        if row["speedup"] > best_speedup:
+            front.append(row)
+            best_speedup = row["speedup"]
+    return front
+
+
+def _interval(row: dict) -> str:
+    low, high = row.get("speedup_ci_low"), row.get("speedup_ci_high")
+    return "n/a" if low is None or high is None else f"{low:.2f}-{high:.2f}"
+
+
+def _check_weights(weights: Sequence[float]) -> tuple[float, float, float]:
+    weights = tuple(weights)
+    if len(weights) != 3 or not all(isinstance(w, (int, float)) and w >= 0 and math.isfinite(w) for w in weights) \
+            or weights[0] + weights[1] <= 0:
+        _fail("weights", weights, "three finite numbers >= 0 (time, memory, energy) with time + memory > 0")
+    return tuple(float(w) for w in weights)
+
+
+def _micro_batches(batch: Sequence[torch.Tensor], k: int) -> list[tuple[torch.Tensor, ...]]:
+    return list(zip(*(tensor.chunk(k) for tensor in batch)))
+
+
+class _Trial:
+    """One candidate on its own copy of the model and optimizer, stepping the probe batch."""
+
+    def __init__(self, candidate: Candidate, model, optimizer_factory, batch, loss_fn, device, loss_takes_model=False):
+        self.candidate = candidate
+        self.loss_takes_model = loss_takes_model
+        self.model = copy.deepcopy(model)
+        self.optimizer = optimizer_factory(self.model.parameters())
+        self.size = len(batch[0])
+        self.micro = _micro_batches(batch, candidate.k)
+        self.loss_fn = loss_fn
+        self.engine = prepare(self.model, self.optimizer, candidate.config(), micro_batch_size=self.size // candidate.k,
+                              device=device)
+
+    first_loss: float | None = None
+
+    def step(self) -> float:
+        """One optimizer step over the whole probe batch; returns the samples it processed.
+        `first_loss` is the batch's mean loss at the initial weights (micro-batches weighted by size),
+        the same weights for every candidate."""
+        total, weight = 0.0, 0.0
+        for micro in self.micro:
+            with self.engine.autocast():
+                if self.loss_takes_model:
+                    out = self.loss_fn(self.model, *micro)
+                else:
+                    *inputs, target = micro
+                    out = self.loss_fn(self.model(*inputs), target)
+            loss, items = out if isinstance(out, tuple) else (out, len(micro[-1]))
+            self.engine.backward(loss, num_items=items)
+            self.engine.step()
+            if self.first_loss is None:
+                total += float(loss.detach()) * float(items)
+                weight += float(items)
+        if self.first_loss is None:
+            self.first_loss = total / weight
+        return float(self.size)
+
+
+class _Search:
+    """The measurements one `plan()` call makes: trials, rows, the memory model."""
+
+    def __init__(self, model, optimizer_factory, batch, loss_fn, device, budget, windows, steps_per_window, progress,
+                 loss_takes_model):
+        self.model, self.optimizer_factory, self.batch, self.loss_fn = model, optimizer_factory, batch, loss_fn
+        self.loss_takes_model = loss_takes_model
+        self.device, self.budget = device, budget
+        self.windows, self.steps_per_window = windows, steps_per_window
+        self.size = len(batch[0])
+        self.num_blocks = len(block_sequence(model)) if has_block_sequence(model) else None
+        self.rows: dict[Candidate, dict] = {}
+        self.trials: dict[Candidate, _Trial] = {}
+        self.calibration = None
+        self.compile_s = 0.0
+        self.progress = progress
+        probe = EnergyMeter(device).start()
+        probe.stop()
+        self.energy_source = probe.energy_source if probe.energy_j is not None else None
+        self.energy_unavailable = None if self.energy_source else probe.energy_source
+
+    def _say(self, message: str) -> None:
+        if self.progress:
+            print(f"[plan] {message}", flush=True)
+
+    def measure_memory(self, candidates: Sequence[Candidate], limit: int | None = None) -> list[Candidate]:
+        """Builds each new candidate (unless the memory model prunes it), runs a warm-up step and
+        a tracked step, until `limit` have run; returns those that ran."""
+        ran = []
+        for candidate in candidates:
+            if limit is not None and len(ran) >= limit:
+                break
+            if candidate in self.rows:
+                if candidate in self.trials:
+                    ran.append(candidate)
+                continue
+            row = self.rows[candidate] = {
+                "candidate": candidate.name, **dataclasses.asdict(candidate), "predicted_memory_bytes": None,
+                "peak_memory_bytes": None, "loss_rel_diff": None, "seconds_per_sample": None, "speedup": None,
+                "speedup_ci_low": None, "speedup_ci_high": None, "energy_j_per_sample": None, "feasible": False,
+                "rejected_because": None}
+            if self.calibration is not None:
+                row["predicted_memory_bytes"] = predicted = _predict(self.calibration, candidate, self.size)
+                if self.budget is not None and predicted > PRUNE_MARGIN * self.budget:
+                    row["rejected_because"] = (f"pruned: eqs. 8/19 predict {predicted / 2**20:.1f} MiB, over "
+                                               f"{PRUNE_MARGIN}x the budget")
+                    continue
+            self._say(f"memory: {candidate.name}")
+            others_bytes = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+            try:
+                trial = _Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
+                               self.loss_takes_model)
+                started = time.perf_counter()
+                trial.step()  # warm-up: optimizer state allocated, kernels chosen (compiled)
+                if candidate.compile:
+                    self.compile_s += time.perf_counter() - started
+                with MemoryTracker(trial.model, trial.optimizer, self.device) as tracker:
+                    trial.step()
+            except (torch.OutOfMemoryError, RuntimeError) as error:
+                if not _is_out_of_memory(error):
+                    raise
+                row["rejected_because"] = f"out of memory: {str(error).splitlines()[0][:120]}"
+                trial = None
+                _release(self.device)
+                continue
+            row["peak_memory_bytes"] = tracker.peak_bytes - others_bytes
+            if candidate == Candidate():
+                self.calibration = _calibrate(tracker, self.size, self.num_blocks)
+                row["predicted_memory_bytes"] = _predict(self.calibration, candidate, self.size)
+            self.trials[candidate] = trial
+            ran.append(candidate)
+        base_loss = self.trials[Candidate()].first_loss
+        for candidate in ran:
+            row, loss = self.rows[candidate], self.trials[candidate].first_loss
+            row["loss_rel_diff"] = diff = abs(loss - base_loss) / max(abs(base_loss), 1e-12)
+            if not math.isfinite(loss) or diff > LOSS_TOLERANCE[candidate.precision]:
+                row["rejected_because"] = (f"quality: the probe batch's loss differs from fp32's by {diff:.2e} "
+                                           f"(allowed {LOSS_TOLERANCE[candidate.precision]:.0e})")
+        return ran
+
+    def time(self, candidates: Sequence[Candidate]) -> None:
+        """Times `candidates` (and the baseline) in interleaved windows; each row gets seconds
+        per sample and its speedup over the baseline paired window by window, and energy per
+        sample where a counter is readable."""
+        baseline = Candidate()
+        names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.trials]
+        self._say(f"timing {len(names)} candidates in {self.windows} interleaved windows")
+        rates = interleaved_windows({c.name: self.trials[c].step for c in names}, windows=self.windows,
+                                    steps_per_window=self.steps_per_window, warmup_steps=0, device=self.device)
+        for candidate in names:
+            row = self.rows[candidate]
+            summary = summarize([1.0 / r for r in rates[candidate.name]])
+            ratio = paired_ratio(rates[candidate.name], rates[baseline.name])
+            if candidate == baseline and row["speedup"] is not None:
+                continue  # the baseline keeps its first timing; later ones only pair it
+            row.update(seconds_per_sample=summary["median"], speedup=ratio["median"],
+                       speedup_ci_low=ratio["ci_low"], speedup_ci_high=ratio["ci_high"])
+            if candidate == baseline:
+                row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0)
+            if self.energy_source is not None:
+                with EnergyMeter(self.device) as meter:
+                    samples = sum(self.trials[candidate].step() for _ in range(self.steps_per_window))
+                row["energy_j_per_sample"] = None if meter.energy_j is None else meter.energy_j / samples
+
+
+def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[torch.Tensor],
+         loss_fn: Callable, *, loss_takes_model: bool = False, device: torch.device | str | None = None,
+         memory_budget_bytes: float | None = None, weights: Sequence[float] = (1.0, 0.0, 0.0),
+         ks: Sequence[int] | None = None, speed_options: bool = True, try_compile: bool | None = None,
+         windows: int = 3, steps_per_window: int = 2, progress: bool = False) -> Plan:
+    """Measure candidate configurations on `batch` and choose one (module docstring).
+
+    `model` is left untouched (each candidate runs on a copy). `optimizer_factory(parameters)`
+    builds the optimizer. `batch` is (inputs..., targets), its first dimension the effective batch
+    size; `loss_fn(model_output, targets)` returns the mean loss -- or, with `loss_takes_model`,
+    `loss_fn(model, *micro_batch)` runs the model itself and returns the mean loss or (mean loss,
+    items it averages) (a Hugging Face model called with labels, say). `memory_budget_bytes`: peak
+    memory of a training step allowed (None: no budget). `weights`: eq. 3's (w1, w2, w3) on
+    time per sample, peak memory and energy per sample, each relative to the fp32 baseline (the
+    energy term is dropped, and said, where no counter is readable). `ks`: the micro-batch splits
+    to try (default the powers of two up to 8 that divide the batch). `speed_options`: also try
+    the optimizer's foreach/fused kernels, channels-last (models with convolutions) and, where
+    `try_compile` (default: on CUDA only; a CPU training step compiles for minutes), torch.compile.
+    `windows` × `steps_per_window` steps time each candidate; `progress` prints each stage.
+    """
+    started = time.perf_counter()
+    if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
+        _fail("batch", type(batch).__name__, "a sequence (inputs..., targets) of tensors (with loss_takes_model, "
+              "of at least one tensor)")
+    size = len(batch[0])
+    if any(len(t) != size for t in batch):
+        _fail("batch", [tuple(t.shape) for t in batch], "tensors with the same first dimension (the batch size)")
+    if memory_budget_bytes is not None and not memory_budget_bytes > 0:
+        _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
+    weights = _check_weights(weights)
+    for argument, value in (("windows", windows), ("steps_per_window", steps_per_window)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            _fail(argument, value, "an integer >= 1")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    if try_compile is None:
+        try_compile = device.type == "cuda"
+    search = _Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
+                     progress, loss_takes_model)
+    notes = []
+    if search.energy_source is None and weights[2] > 0:
+        notes.append(f"Energy weight {weights[2]} not used: {search.energy_unavailable}.")
+
+    # 1. precision × split
+    stage1 = _candidates(size, device, ks)
+    first = search.measure_memory(stage1)
+    search.time(first)
+    best = _best(search, notes=[], weights=weights)
+
+    # 2. checkpointing, where memory counts
+    if search.num_blocks and (memory_budget_bytes is not None or weights[1] > 0):
+        rows = search.rows
+
+        def over_budget(c: Candidate) -> bool:  # measured over it, or pruned / out of memory
+            row = rows[c]
+            if memory_budget_bytes is None:
+                return False
+            if row["peak_memory_bytes"] is None:
+                return (row["rejected_because"] or "").startswith(("pruned", "out of memory"))
+            return row["peak_memory_bytes"] > memory_budget_bytes and not row["rejected_because"]
+
+        twins = [c for c in stage1 if over_budget(c)]
+        if weights[1] > 0:
+            twins += [_candidate_of(r) for r in pareto_front([rows[c] for c in first if rows[c]["speedup"] and not rows[c]["rejected_because"]])]
+        # measured twins first: under a budget the fastest (the cheapest way to fit), weighing
+        # memory without one the smallest (checkpointing extends the low-memory end); then the
+        # unmeasured ones, reduced precision and fewer splits first
+        measured = [c for c in dict.fromkeys(twins) if rows[c]["speedup"] is not None]
+        measured.sort(key=lambda c: -rows[c]["speedup"] if memory_budget_bytes is not None
+                      else rows[c]["peak_memory_bytes"])
+        unmeasured = sorted((c for c in dict.fromkeys(twins) if rows[c]["speedup"] is None),
+                            key=lambda c: (c.precision == "fp32", c.k))
+        checkpointed = [c for twin in measured + unmeasured for c in _checkpointed(twin, search.num_blocks)]
+        ran = search.measure_memory(checkpointed, limit=MAX_CHECKPOINTED)
+        if ran:
+            search.time([best] + ran if best else ran)
+            best = _best(search, notes=[], weights=weights)
+    elif memory_budget_bytes is not None and not search.num_blocks:
+        notes.append("Checkpointing not tried: the model has no known block sequence (give it checkpoint_blocks).")
+
+    # 3. speed options on the best so far, then the ones that helped, together
+    if speed_options and best is not None:
+        options = _speed_options(best, search, try_compile)
+        ran = search.measure_memory([best.replace(**option) for option in options])
+        if ran:
+            search.time([best] + ran)
+            helped = [c for c in ran if _helps(search.rows[c], search.rows[best], memory_budget_bytes)]
+            if len(helped) > 1:
+                together = best.replace(**{key: value for c in helped for key, value in _changes(best, c).items()})
+                search.time([best] + helped + search.measure_memory([together]))
+        if not try_compile:
+            notes.append("torch.compile not tried (try_compile=False; on a CPU the first compiled training step "
+                         "takes minutes).")
+
+    rows = list(search.rows.values())
+    notes += _choose(rows, memory_budget_bytes, weights)
+    chosen = next(row for row in rows if row.get("chosen"))
+    return Plan(config=_candidate_of(chosen).config(), chosen=chosen, baseline=search.rows[Candidate()], rows=rows,
+                memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=time.perf_counter() - started,
+                compile_s=search.compile_s, notes=notes, energy_source=search.energy_source)
+
+
+def _candidates(batch_size: int, device: torch.device, ks: Sequence[int] | None) -> list[Candidate]:
+    precisions = ("fp32",) + native_reduced_precisions(device)
+    splits = ks if ks is not None else [k for k in (1, 2, 4, 8) if batch_size % k == 0]
+    for k in splits:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1 or batch_size % k:
+            _fail("ks", tuple(splits), f"integers >= 1 dividing the batch size {batch_size}")
+    candidates = [Candidate(p, k) for p in precisions for k in splits]
+    if Candidate() not in candidates:
+        candidates.insert(0, Candidate())  # the baseline is always measured
+    return sorted(candidates, key=lambda c: c != Candidate())
+
+
+def _checkpointed(twin: Candidate, num_blocks: int) -> list[Candidate]:
+    """`twin` with ⌈√L⌉ segments, with every block its own segment, and every block selective."""
+    sqrt = resolve_segments(num_blocks, "sqrt")
+    options = [(sqrt, "full")] + ([(num_blocks, "full")] if num_blocks != sqrt else []) + [(num_blocks, "selective")]
+    return [twin.replace(checkpointing=segments, checkpoint_policy=policy) for segments, policy in options]
+
+
+def _speed_options(best: Candidate, search: _Search, try_compile: bool) -> list[dict]:
+    options = []
+    probe = search.optimizer_factory([torch.nn.Parameter(torch.zeros(1, device=search.device))])
+    for impl in ("foreach", "fused"):
+        if impl in probe.defaults and best.optimizer_impl == "default":
+            options.append({"optimizer_impl": impl})
+    if best.memory_format == "contiguous" and any(p.dim() == 4 for p in search.model.parameters()):
+        options.append({"memory_format": "channels_last"})
+    if try_compile and not best.compile:
+        options.append({"compile": True})
+    return options
+
+
+def _changes(base: Candidate, other: Candidate) -> dict:
+    return {key: value for key, value in dataclasses.asdict(other).items() if getattr(base, key) != value}
+
+
+def _helps(row: dict, best: dict, budget: float | None) -> bool:
+    fits = budget is None or row["peak_memory_bytes"] <= budget
+    return fits and not row["rejected_because"] and row["speedup"] > best["speedup"]
+
+
+def _candidate_of(row: dict) -> Candidate:
+    return Candidate(**{f.name: row[f.name] for f in dataclasses.fields(Candidate)})
+
+
+def _best(search: _Search, *, notes: list, weights) -> Candidate | None:
+    """The current choice among what is measured so far (None when nothing fits yet)."""
+    rows = [_measured_part(row) for row in search.rows.values()]
+    try:
+        _choose(rows, search.budget, weights)
+    except ValueError:
+        return None
+    return _candidate_of(next(row for row in rows if row.get("chosen")))
+
+
+def _measured_part(row: dict) -> dict:
+    """A row without what `_choose` decides (so a choice can be made again)."""
+    out = dict(row, feasible=False, chosen=False, cost=None)
+    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality")):
+        out["rejected_because"] = None
+    return out
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    message = str(error).lower()
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in message or "can't allocate memory" in message
+
+
+def _release(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _calibrate(tracker: MemoryTracker, batch_size: int, num_blocks: int | None) -> dict:
+    """The baseline step's peak split into what does not scale with the micro-batch (parameters,
+    buffers, gradients, optimizer state) and what does (activations, temporaries), per sample."""
+    parts = tracker.breakdown_at_peak
+    scaling = {key: parts.get(key, 0) / batch_size for key in ("activations", "temporaries")}
+    fixed = tracker.peak_bytes - batch_size * sum(scaling.values())
+    return {"fixed_bytes": fixed, "activation_bytes_per_sample": scaling["activations"],
+            "temporary_bytes_per_sample": scaling["temporaries"], "num_blocks": num_blocks}
+
+
+def _predict(calibration: dict, candidate: Candidate, batch_size: int) -> float:
+    """Eq. 8 (activations of one micro-batch of B/k samples) and eq. 19 (checkpointing keeps a
+    fraction of them). Reduced precision is taken to halve what scales with the batch (autocast
+    keeps FP32 weights, so eq. 17's halving of weights and gradients is not assumed). Meant to
+    prune, so it leans low: temporaries are scaled like activations, and the selective policy
+    is taken to keep what full checkpointing keeps."""
+    activations = calibration["activation_bytes_per_sample"] * batch_size / candidate.k
+    if candidate.checkpointing is not None and calibration["num_blocks"]:
+        activations *= min(1.0, expected_saved_fraction(calibration["num_blocks"], candidate.checkpointing))
+    temporaries = calibration["temporary_bytes_per_sample"] * batch_size / candidate.k
+    factor = 1.0 if candidate.precision == "fp32" else 0.5
+    return calibration["fixed_bytes"] + factor * (activations + temporaries)
+
+
+def _choose(rows: list[dict], budget: float | None, weights: tuple) -> list[str]:
+    """Marks the chosen row (eq. 3 among feasible timed rows) and why each other measured row
+    lost; returns notes. ValueError when no measured candidate fits the budget."""
+    notes = []
+    base = next(row for row in rows if row["candidate"] == Candidate().name)
+    for row in rows:
+        if row["peak_memory_bytes"] is None or row["rejected_because"] or row["speedup"] is None:
+            continue
+        if budget is not None and row["peak_memory_bytes"] > budget:
+            row["rejected_because"] = f"over the budget: peak {row['peak_memory_bytes'] / 2**20:.1f} MiB"
+            continue
+        row["feasible"] = True
+    feasible = [row for row in rows if row["feasible"]]
+    if not feasible:
+        smallest = min((r for r in rows if r["peak_memory_bytes"] is not None),
+                       key=lambda r: r["peak_memory_bytes"], default=None)
+        _fail("memory_budget_bytes", budget, "a budget some candidate fits; the smallest measured peak was "
+              + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
+    if base["feasible"]:
+        for row in feasible:
+            if row is not base and row["speedup"] < 1.0:
+                row["feasible"] = False
+                row["rejected_because"] = f"slower than the fp32 baseline ({row['speedup']:.2f}x)"
+        feasible = [row for row in feasible if row["feasible"]]
+    else:
+        notes.append("The budget rules out the fp32 baseline (peak "
+                     f"{base['peak_memory_bytes'] / 2**20:.1f} MiB): the plan may be slower than it.")
+    # time enters as 1/speedup (paired with the baseline in the same windows), energy per sample
+    with_energy = all(row["energy_j_per_sample"] is not None for row in feasible + [base])
+    reference = {"time_to_target_s": 1.0, "peak_memory_bytes": base["peak_memory_bytes"],
+                 "energy_j": base["energy_j_per_sample"] if with_energy else None}
+    for row in feasible:
+        row["cost"] = cost(1.0 / row["speedup"], row["peak_memory_bytes"],
+                           row["energy_j_per_sample"] if with_energy else None, baseline=reference,
+                           weights=weights)["cost"]
+    best = min(feasible, key=lambda row: row["cost"])
+    best["chosen"] = True
+    for row in feasible:
+        if row is not best:
+            row["rejected_because"] = f"higher eq. 3 cost ({row['cost']:.3f} vs {best['cost']:.3f})"
+    if best["speedup"] < 1.0:
+        notes.append(f"The chosen configuration runs at {best['speedup']:.2f}x the fp32 baseline's speed: "
+                     "the budget forces it.")
+    return notes
