@@ -157,3 +157,22 @@ def test_agreement_lists_flipped_verdicts_and_moved_ratios(tmp_path):
     assert agreement.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "agree.md")]) == 0
     assert agreement.main([str(tmp_path / "a"), str(tmp_path / "c")]) == 1
     assert (tmp_path / "agree.md").read_text().startswith("# Rerun agreement")
+
+
+def test_windows_needed_for_rerun_agreement_follows_the_normal_model():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("timing_noise", Path(__file__).parents[1] / "scripts" / "timing_noise.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    needed = module.windows_needed(0.113, tolerance=0.05, ratios=24, probability=0.95)
+
+    def all_within(n):
+        sd = math.sqrt(2) * 0.113 / math.sqrt(n)
+        return math.erf(math.log(1.05) / (sd * math.sqrt(2))) ** 24
+
+    assert all_within(needed) >= 0.95 > all_within(needed - 1)
+    assert 90 <= needed <= 115  # ~8x the 12 windows the quick profile's 3 seeds time
+    assert module.windows_needed(0.0, tolerance=0.05, ratios=24, probability=0.95) == 2
+    assert module.windows_needed(0.2, tolerance=0.05, ratios=24, probability=0.95) > needed

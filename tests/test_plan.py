@@ -35,7 +35,7 @@ def test_without_a_budget_the_plan_is_never_slower_than_fp32_and_leaves_the_mode
     assert {row["k"] for row in result.rows} == {1, 2, 4, 8}
     assert all(row["checkpointing"] is None for row in result.rows)  # memory does not count: not measured
     # the speed options were tried on the best precision x split
-    assert {row["optimizer_impl"] for row in result.rows} >= {"default", "foreach", "fused"}
+    assert {row["optimizer_impl"] for row in result.rows} >= {"default", "fused"}  # AdamW has fused CPU kernels
     assert all(row["memory_format"] == "contiguous" for row in result.rows)  # no convolutions
     assert not any(row["compile"] for row in result.rows)  # not tried on a CPU by default
     assert all(row["loss_rel_diff"] < 0.05 for row in result.rows)
