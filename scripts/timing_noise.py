@@ -28,6 +28,8 @@ from trainopt_core.reproduction.throughput import _Workload
 def windows_needed(log_ratio_sd: float, *, tolerance: float, ratios: int, probability: float) -> int:
     """Fewest windows n with P(every one of `ratios` ratio differences within ±tolerance) >=
     `probability`, each difference normal with sd √2·log_ratio_sd/√n (mean of n log ratios)."""
+    if log_ratio_sd == 0:
+        return 2  # no noise: the fewest windows that have a spread at all
     for n in range(2, 100_000):
         sd = math.sqrt(2) * log_ratio_sd / math.sqrt(n)
         within = math.erf(math.log(1 + tolerance) / (sd * math.sqrt(2)))
