@@ -46,3 +46,19 @@ def test_readme_per_step_loop_runs_with_the_names_a_script_has():
     check = "assert engine.optimizer_steps == 12 and evaluations == [5, 10], (engine.optimizer_steps, evaluations)\n"
     result = subprocess.run([sys.executable, "-c", setup + snippet + check], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_readme_plan_example_runs_and_prepares_the_chosen_configuration():
+    snippet = re.search(r"```python\n(result = trainopt_core\.plan\(.*?)```", README.read_text(), re.S).group(1)
+    setup = (
+        "import matplotlib\nmatplotlib.use('Agg')\n"
+        "import torch, torch.nn.functional as F, trainopt_core\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))\n"
+        "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        "x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))\n"
+    )
+    check = ("assert engine.config == result.config and result.chosen['feasible'], result.explain()\n"
+             "assert 'Chose' in result.explain() and len(result.frame()) >= 4\n")
+    result = subprocess.run([sys.executable, "-c", setup + snippet + check], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
