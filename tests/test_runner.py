@@ -171,7 +171,12 @@ def test_record_comparison_ignores_guard_fields_and_sees_everything_a_seed_deter
     record = json.loads(path.read_text())
     older = json.loads(path.read_text())
     older["config"].pop("max_nonfinite_steps")  # a record from before the guard existed
+    for field in ("checkpoint_policy", "optimizer_impl", "memory_format", "compile"):
+        older["config"].pop(field)  # ... and before the speed options existed (at their defaults here)
     assert run_records.record_differences(record, older) == []
+    fused = json.loads(path.read_text())
+    fused["config"]["optimizer_impl"] = "fused"
+    assert [d.split(":")[0] for d in run_records.record_differences(record, fused)] == ["config"]
     changed = json.loads(path.read_text())
     changed["config"]["clip_norm"] = 0.5
     changed["steps"][1]["loss"] += 1e-9
