@@ -33,6 +33,13 @@ LATER_FIELD_DEFAULTS = {"checkpoint_policy": "full", "compile": False, "optimize
                         "memory_format": "contiguous"}
 
 
+def computation_part(fields: dict) -> dict:
+    """A configuration dict (as a record stores it) without its guards and without the later
+    fields at their defaults: what `config_hash` and record comparisons read."""
+    return {key: value for key, value in fields.items()
+            if key not in GUARD_FIELDS and not (key in LATER_FIELD_DEFAULTS and value == LATER_FIELD_DEFAULTS[key])}
+
+
 def _fail(field_name: str, value, allowed: str) -> None:
     raise ValueError(f"OptimizationConfig.{field_name}={value!r} is invalid: allowed {allowed}")
 
@@ -188,8 +195,7 @@ class OptimizationConfig:
         """The fields that decide what a finished run computes: all but the guards
         (`GUARD_FIELDS`), which only decide whether a run may go on, and the later fields at
         their defaults (`LATER_FIELD_DEFAULTS`), so that older records keep their hashes."""
-        return {key: value for key, value in self.to_dict().items()
-                if key not in GUARD_FIELDS and not (key in LATER_FIELD_DEFAULTS and value == LATER_FIELD_DEFAULTS[key])}
+        return computation_part(self.to_dict())
 
     def config_hash(self) -> str:
         blob = json.dumps(self.computation_fields(), sort_keys=True).encode()

@@ -137,7 +137,7 @@ class Plan:
     def from_dict(cls, values: dict) -> "Plan":
         rows = [dict(row) for row in values["rows"]]
         chosen = next(row for row in rows if row["candidate"] == values["chosen"])
-        baseline = next(row for row in rows if row["candidate"] == Candidate().name)
+        baseline = _baseline_row(rows)
         return cls(config=OptimizationConfig.from_dict(values["config"]), chosen=chosen, baseline=baseline, rows=rows,
                    memory_budget_bytes=values["memory_budget_bytes"], weights=tuple(values["weights"]),
                    planning_s=values["planning_s"], compile_s=values.get("compile_s", 0.0),
@@ -157,7 +157,7 @@ class Plan:
             notes.append("Checkpointing was not measured in the plan this one re-chooses from; plan() again "
                          "with this budget to measure it.")
         chosen = next(row for row in rows if row.get("chosen"))
-        baseline = next(row for row in rows if row["candidate"] == Candidate().name)
+        baseline = _baseline_row(rows)
         return Plan(config=_candidate_of(chosen).config(), chosen=chosen, baseline=baseline, rows=rows,
                     memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=self.planning_s,
                     compile_s=self.compile_s, notes=notes, energy_source=self.energy_source)
@@ -431,7 +431,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     stage1 = _candidates(size, device, ks)
     first = search.measure_memory(stage1)
     search.time(first)
-    best = _best(search, notes=[], weights=weights)
+    best = _best(search, weights=weights)
 
     # 2. checkpointing, where memory counts
     if search.num_blocks and (memory_budget_bytes is not None or weights[1] > 0):
@@ -465,7 +465,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         ran = search.measure_memory(checkpointed, limit=MAX_CHECKPOINTED)
         if ran:
             search.time([best] + ran if best else ran)
-            best = _best(search, notes=[], weights=weights)
+            best = _best(search, weights=weights)
     elif memory_budget_bytes is not None and not search.num_blocks:
         notes.append("Checkpointing not tried: the model has no known block sequence (give it checkpoint_blocks).")
 
@@ -541,7 +541,7 @@ def _candidate_of(row: dict) -> Candidate:
     return Candidate(**{f.name: row[f.name] for f in dataclasses.fields(Candidate)})
 
 
-def _best(search: _Search, *, notes: list, weights) -> Candidate | None:
+def _best(search: _Search, *, weights) -> Candidate | None:
     """The current choice among what is measured so far (None when nothing fits yet)."""
     rows = [_measured_part(row) for row in search.rows.values()]
     try:
@@ -557,6 +557,10 @@ def _measured_part(row: dict) -> dict:
     if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality")):
         out["rejected_because"] = None
     return out
+
+
+def _baseline_row(rows) -> dict:
+    return next(row for row in rows if row["candidate"] == Candidate().name)
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
@@ -600,7 +604,7 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple) -> list[str]
     """Marks the chosen row (eq. 3 among feasible timed rows) and why each other measured row
     lost; returns notes. ValueError when no measured candidate fits the budget."""
     notes = []
-    base = next(row for row in rows if row["candidate"] == Candidate().name)
+    base = _baseline_row(rows)
     for row in rows:
         if row["peak_memory_bytes"] is None or row["rejected_because"] or row["speedup"] is None:
             continue

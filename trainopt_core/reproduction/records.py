@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import GUARD_FIELDS, LATER_FIELD_DEFAULTS, OptimizationConfig
+from ..config import OptimizationConfig, computation_part
 from ..measure import hardware_fingerprint
 
 RECORD_SCHEMA = 2  # 2: conditions, samples/steps to target, wall-clock time to target kept beside
@@ -129,8 +129,7 @@ def deterministic_fields(record: dict) -> dict:
     identity = {key: record.get(key) for key in IDENTITY_FIELDS}
     if isinstance(identity["config"], dict):  # guards decide only whether a run may go on; fields
         # added later, at their defaults, compute what records made before they existed computed
-        identity["config"] = {k: v for k, v in identity["config"].items() if k not in GUARD_FIELDS
-                              and not (k in LATER_FIELD_DEFAULTS and v == LATER_FIELD_DEFAULTS[k])}
+        identity["config"] = computation_part(identity["config"])
     return {
         **identity,
         **{f"metrics.{key}": record["metrics"].get(key) for key in DETERMINISTIC_METRICS},
