@@ -36,8 +36,8 @@ from trainopt_core.config import OptimizationConfig
 from trainopt_core.measure.memory import MemoryTracker
 from trainopt_core.measure.stats import paired_ratio
 from trainopt_core.measure.timing import interleaved_windows
-from trainopt_core.planner import plan
 from trainopt_core.reproduction import runner
+from trainopt_core.reproduction.autoplan import plan_task
 from trainopt_core.reproduction.profiles import get_profile
 from trainopt_core.reproduction.tasks import build_task
 
@@ -46,18 +46,8 @@ BARS = {"auto_speedup": 1.25, "half_budget_speedup": 1.0, "planning_s": 60.0}
 
 
 def _plans(bundle, prof, device, progress: bool) -> dict:
-    model = copy.deepcopy(bundle.model).to(device)
-    batch = tuple(t for t in next(bundle.train_batches(prof.baseline_batch_size, seed=0)) if t is not None)
-
-    def loss(model, x, y=None):
-        return bundle.loss(model, x, y)
-
-    def optimizer(parameters):
-        return torch.optim.AdamW(parameters, lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
-
-    def planned(**kwargs):
-        return plan(model, optimizer, batch, loss, loss_takes_model=True, device=device, progress=progress,
-                    **kwargs)
+    def planned(**kwargs):  # as the reproduction's `auto` plans
+        return plan_task(bundle, prof, device, progress=progress, **kwargs)
 
     plans = {"auto": planned()}
     base_peak = plans["auto"].baseline["peak_memory_bytes"]

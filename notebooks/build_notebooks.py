@@ -79,7 +79,13 @@ LR) and the **optimized** configuration (adaptive accumulation k ∈ [4, 8], mix
 dynamic loss scaling, 5 % warmup + cosine, linear LR scaling, clipping, √L activation
 checkpointing, ZeRO-2) -- and reports time to target, peak memory, throughput, final quality and
 FLOPs utilization. This notebook runs the same pair on this machine, under the chosen profile,
-and puts each measured number beside the paper's claim.
+and puts each measured number beside the paper's claim. Beside them runs a third configuration,
+**auto**: the paper's own fix for a recipe that is not the fastest everywhere ("adaptive policies
+that disable optimizations when overhead > benefits") made concrete -- `trainopt_core.plan()`
+measures precision, micro-batch split, checkpointing and the optimizer's kernels on one training
+batch *on this machine* and chooses by eq. 3 (time only, no memory budget); `auto` keeps the
+optimized configuration's LR schedule and clipping. The paper claims nothing for it, so it has
+no verdict: it shows what the same components deliver when chosen by measurement.
 
 How each quantity is measured (SPEC §4): *throughput* counts training items per second of
 training time, from every configuration of Tables I-III timed side by side in one process
@@ -110,27 +116,31 @@ Table I (CIFAR-10, ResNet-50) and Table II (WikiText-2, GPT-2 small) as printed,
     code('''show_table(paper_claims_frame("table1_cifar10_resnet50"))
 show_table(paper_claims_frame("table2_wikitext2_gpt2"))''', CHECK),
     md("""
-## The two configurations
+## The configurations
 
 As requested. On a CPU a profile runs the reduced precision as bf16 (fp16 autocast is slow
 there) and single-process ZeRO-2 partitions nothing; each run record notes such changes and
-every table caption repeats them.
+every table caption repeats them. What `auto` runs is planned per task on this machine: the plan
+is shown below the tables.
 """),
-    code('show_table(configuration_table(["baseline", "optimized"]))', CHECK),
+    code('show_table(configuration_table(["baseline", "optimized", "auto"]))', CHECK),
     md("""
 ## Runs
 
 One run per task × configuration × seed. A finished run record in `reports/<profile>/runs/` is
-reused, so re-executing this notebook (or an interrupted `run_all.sh`) does not train again.
+reused, so re-executing this notebook (or an interrupted `run_all.sh`) does not train again. The
+first `auto` run of a task plans it (about a minute per task on a 2-core CPU for the quick
+models); the plan is kept in `reports/<profile>/plans/` and reused under the same conditions.
 """),
-    code('''records = timed_grid(tasks, ["baseline", "optimized"], seeds=seeds, profile=profile, paths=paths,
+    code('''records = timed_grid(tasks, ["baseline", "optimized", "auto"], seeds=seeds, profile=profile, paths=paths,
                      data_policy=data_policy)''', IGNORE),
     md("""
 ## Tables I and II, measured
 
 Means ± half their 95 % CI (no interval with one seed, except peak memory, which is
 bit-identical across seeds and reruns). The paper's absolute values are
-from its GPUs and full-size models; compare the *changes*.
+from its GPUs and full-size models; compare the *changes*. The last two columns are `auto`
+and its change vs the baseline (paired like the optimized one's).
 """),
     code('''for task in tasks:
     table = tables.main_results_table(records, task)
@@ -146,6 +156,22 @@ dashed line is the profile's target. Time to target is where a curve first cross
 """),
     code('''for task in tasks:
     display(publish_figure(figures.quality_curves(records, task), paths, table_name("curves", task)))''', IGNORE),
+    md("""
+## What `auto` chose, and why
+
+The plan of each task as its `auto` runs used it: every candidate measured (speedup over the
+fp32 baseline paired window by window, with its 95 % interval; the training step's peak memory;
+what the memory model predicted), those never timed and why, and the choice in words. The figure
+places each measured candidate by peak memory and time per sample; the explorer re-chooses from
+these measurements under a memory budget or other weights.
+"""),
+    code('''from trainopt_core.reporting import plans as planning
+for task, plan in planning.load_plans(paths.plans, tasks).items():
+    publish_table(planning.plan_frame(plan), paths, table_name("plan", task),
+                  f"The auto plan: {TASK_LABELS[task]['description']}", records_of(records, task, ["auto"]),
+                  display=planning.format_plan_table(plan))
+    print(plan.explain())
+    display(publish_figure(plan.pareto_figure(), paths, table_name("plan_pareto", task)))''', IGNORE),
 ]
 
 # ---------------------------------------------------------------------------- 02 ablation
@@ -172,11 +198,13 @@ without_one = [c.name for c in leave_one_out()]'''),
     md("""
 ## The configurations
 
-The cumulative ladder, then leave-one-out (each removes one component from `optimized`).
+The cumulative ladder, `optimized`, `auto` (its components chosen by measurement on this
+machine: notebook 1 shows the plan), then leave-one-out (each removes one component from
+`optimized`).
 """),
-    code('show_table(configuration_table(ladder + ["optimized"] + without_one))', CHECK),
+    code('show_table(configuration_table(ladder + ["optimized", "auto"] + without_one))', CHECK),
     md("## Runs (finished records are reused)"),
-    code('''records = timed_grid(tasks, ladder + ["optimized"] + without_one, seeds=seeds, profile=profile,
+    code('''records = timed_grid(tasks, ladder + ["optimized", "auto"] + without_one, seeds=seeds, profile=profile,
                      paths=paths, data_policy=data_policy)''', IGNORE),
     md("## Table III, measured"),
     code('''for task in tasks:
@@ -422,6 +450,23 @@ if records:
          IGNORE),
     md("## Interactive panel"),
     code('explorer.explorer_app(records, tasks=tasks)', IGNORE),
+    md("""
+## Re-plan: another memory budget or other weights
+
+`auto` was planned with time as eq. 3's only weight and no memory budget. The same
+measurements, chosen again (nothing is re-run): a **memory budget** as a share of the fp32
+baseline's peak (0 = none) and the weights of **time**, **memory** and **energy** (energy only
+where a counter was readable). Under a budget tighter than the plan measured for, checkpointed
+candidates may not have been measured; the explanation then says so, and `trainopt_core.plan()`
+with that budget measures them.
+"""),
+    code('''from trainopt_core.reporting import plans as planning
+plans = planning.load_plans(paths.plans, tasks)
+for task, plan in plans.items():
+    half = planning.rechoose(plan, budget_fraction=0.5)
+    print(f"{TASK_LABELS[task]['file']}: auto {plan.chosen['candidate']}; under 50 % of the fp32 peak: "
+          f"{half.chosen['candidate']}")
+planning.plan_app(plans)''', IGNORE),
 ]
 
 NOTEBOOKS = {

@@ -70,7 +70,7 @@ def lab(tmp_path_factory):
     # the runs the explorer reads (notebook 01 reuses them), so either test can run alone
     from trainopt_core.reproduction import runner
 
-    for config in ("baseline", "optimized"):
+    for config in ("baseline", "optimized", "auto"):  # auto: its plan, which the explorer re-chooses from
         runner.run("wikitext2", config, profile="smoke", seed=0, out_dir=reports / "smoke" / "runs",
                    data_policy="standin", progress=False)
     settings = folder / "user-settings" / "@jupyterlab" / "notebook-extension"
@@ -173,7 +173,7 @@ def test_explorer_panel_redraws_when_two_controls_change(lab, browser):
     assert not _is_dirty(page, "explorer.ipynb"), "opening the notebook marked it modified"
     _run_all(page)
     assert _errors(page) == []
-    panel = page.locator(".widget-vbox .widget-output").last
+    panel = page.locator(".widget-vbox .widget-output").first  # the components panel (the re-plan panel follows)
     panel.wait_for()
     panel.scroll_into_view_if_needed()
     page.wait_for_function("el => el.textContent.includes('memory: activations')", arg=panel.element_handle())
@@ -193,4 +193,16 @@ def test_explorer_panel_redraws_when_two_controls_change(lab, browser):
                            arg=[panel.element_handle(), after_precision])
     _shot(page, "explorer_3_k_lowered")
     assert panel.text_content() != after_precision != before
+    # the re-plan panel: a memory budget chooses again from the plan's measurements
+    replan = page.locator(".widget-vbox .widget-output").last
+    replan.scroll_into_view_if_needed()
+    page.wait_for_function("el => el.textContent.includes('no memory budget')", arg=replan.element_handle())
+    unbudgeted = replan.text_content()
+    budget = page.locator(".widget-hslider:has(.widget-label:text-matches('memory budget')) .noUi-handle").first
+    budget.click()
+    for _ in range(10):  # 0 -> 50 % of the fp32 peak, in steps of 5
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function("([el, old]) => el.textContent !== old && el.textContent.includes('a memory budget of')",
+                           arg=[replan.element_handle(), unbudgeted])
+    _shot(page, "explorer_4_replanned_with_a_budget")
     page.close()

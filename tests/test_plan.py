@@ -119,3 +119,15 @@ def test_pareto_front_keeps_what_nothing_beats_on_both_time_and_memory():
             for name, memory, speedup in (("a", 100, 1.0), ("b", 50, 0.8), ("c", 60, 0.7), ("d", 120, 1.5),
                                           ("e", 120, 1.2))]
     assert [row["candidate"] for row in pareto_front(rows)] == ["b", "a", "d"]
+
+
+def test_dropout_and_batch_statistics_are_not_mistaken_for_a_quality_loss():
+    # in training mode each micro-batch has its own BatchNorm statistics and dropout masks differ
+    # between candidates: the probe loss is taken in eval mode, where only the numerics differ
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.BatchNorm1d(128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 10))
+    result = plan(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
+                  ks=(1, 2, 4), windows=2, steps_per_window=1, speed_options=False)
+    for row in result.rows:
+        if row["precision"] == "fp32":
+            assert row["loss_rel_diff"] < 1e-5 and not (row["rejected_because"] or "").startswith("quality"), row

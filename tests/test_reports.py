@@ -192,6 +192,28 @@ def test_wikitext_table_has_no_flops_claim():
     assert table.loc["Final perplexity", "claim_held"] == "inconclusive (no interval)"  # one seed
 
 
+def test_auto_stands_beside_the_optimized_configuration_with_its_change_and_no_verdict():
+    records = timed_records()
+    windows = (1000.0, 1100.0, 1050.0, 980.0)
+    records += [make_record(config="auto", seed=s, samples_to_target=1000.0 + 10 * s, precision="bf16",
+                            peak_memory_bytes=0.5 * 2**30, timing=[2.0 * w for w in windows]) for s in range(3)]
+    table = reports.main_results_table(records, "cifar10").set_index("metric")
+    assert table.loc["Throughput", "measured_auto_relative"] == pytest.approx(1.0)  # 2x in every window
+    assert table.loc["Peak memory", "measured_auto_relative"] == pytest.approx(-0.5)
+    assert table.loc["Throughput", "claim_held"] == "held"  # the verdict stays the optimized one's
+    shown = reports.format_main_table(table.reset_index()).set_index("Metric")
+    assert shown.loc["Throughput", "Auto change (95% CI)"] == "+100.0% [+100.0, +100.0]"
+    assert "Measured auto (planned here)" in shown.columns
+    without = reports.format_main_table(reports.main_results_table(timed_records(), "cifar10"))
+    assert "Auto change (95% CI)" not in without.columns  # not run: no empty columns
+    ablation = reports.ablation_table(records, "cifar10").set_index("config")
+    assert ablation.loc["auto", "group"] == "auto"
+    assert list(ablation.index).index("auto") == list(ablation.index).index("optimized") + 1
+    assert ablation.loc["auto", "measured_throughput_change"] == pytest.approx(1.0)
+    assert ablation.loc["auto", "claim_held_time"] == "no claim"
+    assert "auto" not in set(reports.ablation_table(timed_records(), "cifar10")["config"])
+
+
 def test_main_results_table_rejects_unknown_task():
     with pytest.raises(ValueError, match="task='imagenet'"):
         reports.main_results_table([], "imagenet")

@@ -22,9 +22,10 @@ eq. 19: checkpointing keeps a fraction of them), calibrated on one tracked fp32 
 when its prediction exceeds the budget by more than `PRUNE_MARGIN`. Each measured candidate gets
 one tracked step (peak memory; an out-of-memory error makes it infeasible, caught in-process)
 and a quality check (its probe-batch loss is finite and equal to fp32's within the precision's
-tolerance). Eq. 3 (C = w1·T + w2·M + w3·E, each over the baseline's) chooses among candidates
-within the budget, never one slower than the fp32 baseline unless the budget rules the baseline
-out (the plan then says so).
+tolerance; computed in eval mode, where dropout and BatchNorm's micro-batch statistics do not
+move it). Eq. 3 (C = w1·T + w2·M + w3·E, each over the baseline's) chooses among candidates within the
+budget, never one slower than the fp32 baseline unless the budget rules the baseline out (the
+plan then says so).
 """
 from __future__ import annotations
 
@@ -252,29 +253,37 @@ class _Trial:
         self.loss_fn = loss_fn
         self.engine = prepare(self.model, self.optimizer, candidate.config(), micro_batch_size=self.size // candidate.k,
                               device=device)
+        self.first_loss = self._probe_loss()
 
-    first_loss: float | None = None
+    def _loss(self, micro) -> tuple[torch.Tensor, float]:
+        with self.engine.autocast():
+            if self.loss_takes_model:
+                out = self.loss_fn(self.model, *micro)
+            else:
+                *inputs, target = micro
+                out = self.loss_fn(self.model(*inputs), target)
+        return out if isinstance(out, tuple) else (out, len(micro[-1]))
+
+    def _probe_loss(self) -> float:
+        """The probe batch's mean loss at the initial weights (the same for every candidate), in
+        this candidate's precision and micro-batches, micro-batches weighted by their items. In
+        eval mode: dropout masks and BatchNorm's per-micro-batch statistics would make it differ
+        between candidates for reasons that are not numerical."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                parts = [self._loss(micro) for micro in self.micro]
+        finally:
+            self.model.train(training)
+        return sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
 
     def step(self) -> float:
-        """One optimizer step over the whole probe batch; returns the samples it processed.
-        `first_loss` is the batch's mean loss at the initial weights (micro-batches weighted by size),
-        the same weights for every candidate."""
-        total, weight = 0.0, 0.0
+        """One optimizer step over the whole probe batch; returns the samples it processed."""
         for micro in self.micro:
-            with self.engine.autocast():
-                if self.loss_takes_model:
-                    out = self.loss_fn(self.model, *micro)
-                else:
-                    *inputs, target = micro
-                    out = self.loss_fn(self.model(*inputs), target)
-            loss, items = out if isinstance(out, tuple) else (out, len(micro[-1]))
+            loss, items = self._loss(micro)
             self.engine.backward(loss, num_items=items)
             self.engine.step()
-            if self.first_loss is None:
-                total += float(loss.detach()) * float(items)
-                weight += float(items)
-        if self.first_loss is None:
-            self.first_loss = total / weight
         return float(self.size)
 
 

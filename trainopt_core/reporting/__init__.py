@@ -8,6 +8,7 @@
     index.py      captions, CSV + Markdown table files, reports/README.md
     analysis/     error analysis (§V-D): by phase, component, operation, memory; eq. 21
     explorer.py   the ipywidgets explorer: predicted vs measured memory
+    plans.py      the `auto` configuration's plans: candidate table, re-choosing by budget and weights
     notebook.py   what the section notebooks share (parameters, folders, publishing)
     agreement.py  do two reproductions agree? verdicts that differ, ratios that moved beyond their CI
 
@@ -15,7 +16,7 @@ It reads what `trainopt_core.reproduction` writes and needs the `notebooks` extr
 seaborn, matplotlib, ipywidgets).
 """
 try:
-    from . import analysis, explorer, figures, notebook
+    from . import analysis, explorer, figures, notebook, plans
     from .index import (
         caption, describe_hardware, format_bytes_frame, format_number, markdown_table, run_context, write_reports_index,
         write_table,
@@ -41,7 +42,7 @@ __all__ = [
     "METRIC_KEYS", "ablation_table", "aggregate", "analysis", "caption", "claim_verdict", "describe_hardware",
     "efficiency_verdict", "explorer", "figures", "format_ablation_table", "format_bytes_frame", "format_change",
     "format_main_table", "format_number", "format_scaling_table", "format_value", "load_records",
-    "main_results_table", "markdown_table", "measured_change", "notebook", "paper_claims", "profile_dir",
+    "main_results_table", "markdown_table", "measured_change", "notebook", "paper_claims", "plans", "profile_dir",
     "records_frame", "relative_change", "resolve_reports_dir", "run_context", "runs_dir", "scaling_table",
     "verdict_category", "with_throughput", "write_reports_index", "write_table",
 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import ABLATION_LADDER, OptimizationConfig, leave_one_out
+from ..reproduction import autoplan
 from ..reproduction.profiles import PROFILES, TASKS
 from ..reproduction.runner import run
 from ..reproduction.throughput import measure_throughput
@@ -31,7 +32,8 @@ TASK_LABELS = {
                       "(paper: WikiText-2, GPT-2 small)"),
 }
 # Every configuration Tables I-III compare: timed together, so a ratio means the same in each table.
-TABLE_CONFIGS = (*[c.name for c in ABLATION_LADDER], "optimized", *[c.name for c in leave_one_out()])
+# `auto` is planned on the machine that runs it (reproduction.autoplan).
+TABLE_CONFIGS = (*[c.name for c in ABLATION_LADDER], "optimized", "auto", *[c.name for c in leave_one_out()])
 
 # The settings configuration_table shows, in words.
 CONFIG_HEADERS = {"precision": "precision (requested)", "k": "k (micro-batches per step)", "adaptive": "adaptive k",
@@ -75,6 +77,11 @@ class ReportPaths:
     @property
     def notebooks(self) -> Path:
         return self.profile_dir / "notebooks"
+
+    @property
+    def plans(self) -> Path:
+        """The `auto` configuration's plans (reproduction.autoplan), one per task."""
+        return autoplan.plans_dir_for(self.runs)
 
 
 def report_paths(reports_dir: str | os.PathLike, profile: str) -> ReportPaths:
@@ -149,9 +156,14 @@ def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_
 def configuration_table(names) -> pd.DataFrame:
     """The settings of named configurations as requested (a profile may change the precision
     on CPU; the tables' captions say what ran), one row each, for reading: no index, unset
-    settings as "—", fractions in %."""
+    settings as "—", fractions in %; `auto`'s planned settings as "planned" (its plan says what)."""
     rows = []
     for name in names:
+        if name == autoplan.AUTO:  # the optimized schedule and clipping; the rest planned per task and machine
+            config = autoplan.auto_from_plan(OptimizationConfig())
+            rows.append({"configuration": name, **{header: _setting(f, getattr(config, f)) if f in autoplan.SCHEDULE_FIELDS
+                                                   else "planned" for f, header in CONFIG_HEADERS.items()}})
+            continue
         config = OptimizationConfig.preset(name)
         rows.append({"configuration": name, **{header: _setting(f, getattr(config, f)) for f, header in CONFIG_HEADERS.items()}})
     return pd.DataFrame(rows)

@@ -66,30 +66,39 @@ def _ci(change: dict) -> tuple[float, float]:
 
 
 def main_results_table(records: list[dict], task: str, *, baseline: str = "baseline",
-                       optimized: str = "optimized") -> pd.DataFrame:
+                       optimized: str = "optimized", auto: str = "auto") -> pd.DataFrame:
     """Table I (cifar10) / Table II (wikitext2): per metric the paper's baseline, optimized and
     relative change beside the measured means with their 95 % CIs, the measured relative change
     (paired: same seeds, same timing rounds) with its CI, and whether the claim held
-    (`claim_verdict`). Attach timing windows first (`results.with_throughput`) for throughput and
-    time to target from interleaved windows."""
+    (`claim_verdict`). Where `auto` (the configuration `plan()` chose on this machine) ran, its
+    measured values and change vs the baseline stand beside them (``measured_auto*``; the paper
+    claims nothing for it, so it has no verdict). Attach timing windows first
+    (`results.with_throughput`) for throughput and time to target from interleaved windows."""
     if task not in _MAIN_ROWS:
         _fail("task", task, f"one of {tuple(_MAIN_ROWS)}")
     table_key, rows = _MAIN_ROWS[task]
     claims = paper_claims()[table_key]
     task_records = [r for r in records if r["task"] == task]
     agg = aggregate(task_records)
-    base = _row_of(agg, task, baseline) if not agg.empty else None
-    opt = _row_of(agg, task, optimized) if not agg.empty else None
+    sides = {"baseline": baseline, "optimized": optimized, "auto": auto}
+    measured_rows = {side: _row_of(agg, task, name) if not agg.empty else None for side, name in sides.items()}
+    base = measured_rows["baseline"]
+    if measured_rows["auto"] is None:
+        del measured_rows["auto"]
     out = []
     for label, key, claim_key, kind, paper_unit in rows:
         claim = claims.get(claim_key) if claim_key else None
         measured = {}
-        for side, row in (("baseline", base), ("optimized", opt)):
+        for side, row in measured_rows.items():
             for suffix in ("mean", "std", "ci_low", "ci_high"):
                 name = f"measured_{side}" if suffix == "mean" else f"measured_{side}_{suffix}"
                 measured[name] = row[f"{key}_{suffix}"] if row is not None else math.nan
             measured[f"measured_{side}_n"] = int(row[f"{key}_n"]) if row is not None else 0
             measured[f"measured_{side}_seeds"] = int(row["n_seeds"]) if row is not None else 0
+        if "auto" in measured_rows:
+            auto_change = measured_change(task_records, task, baseline, auto, key)
+            measured["measured_auto_relative"] = math.nan if auto_change["mean"] is None else auto_change["mean"]
+            measured["measured_auto_relative_ci_low"], measured["measured_auto_relative_ci_high"] = _ci(auto_change)
         change = measured_change(task_records, task, baseline, optimized, key)
         rel = math.nan if change["mean"] is None else change["mean"]
         ci = _ci(change)
@@ -182,27 +191,37 @@ def format_main_table(table: pd.DataFrame) -> pd.DataFrame:
                                                                                r["measured_relative_ci_high"])),
             "Claim held?": r["claim_held"],
         })
+        if "measured_auto" in table.columns:  # the planned configuration, beside (no claim, no verdict)
+            rows[-1].update({
+                "Measured auto (planned here)": format_value(
+                    r["measured_auto"], key, unit=r["measured_unit"], ci=(r["measured_auto_ci_low"], r["measured_auto_ci_high"]),
+                    n=r["measured_auto_n"], seeds=r["measured_auto_seeds"]),
+                "Auto change (95% CI)": format_change(r["measured_auto_relative"], (r["measured_auto_relative_ci_low"],
+                                                                                    r["measured_auto_relative_ci_high"])),
+            })
     return pd.DataFrame(rows)
 
 
 # ------------------------------------------------------------------ Table III
 def ablation_table(records: list[dict], task: str) -> pd.DataFrame:
-    """Table III: the cumulative ladder (baseline → … → +zero2) then leave-one-out from the
-    optimized configuration, with the paper's row (CIFAR-10 only) beside the measured one and
+    """Table III: the cumulative ladder (baseline → … → +zero2), the optimized configuration, `auto`
+    (planned on this machine, where it ran) and leave-one-out from the optimized configuration, with the paper's row (CIFAR-10 only) beside the measured one and
     each configuration's change vs the baseline (time to target, peak memory, throughput)."""
     paper_rows = {row["config"]: row for row in paper_claims()["table3_ablation_cifar10"]}
     paper_base = paper_rows["baseline"]
     task_records = [r for r in records if r["task"] == task]
     agg = aggregate(task_records)
     base = _row_of(agg, task, "baseline") if not agg.empty else None
-    names = [c.name for c in ABLATION_LADDER] + ["optimized"] + [c.name for c in leave_one_out()]
+    names = [c.name for c in ABLATION_LADDER] + ["optimized", "auto"] + [c.name for c in leave_one_out()]
     out = []
     for name in names:
         row = _row_of(agg, task, name) if not agg.empty else None
+        if name == "auto" and row is None:
+            continue  # not run: planned only where asked for
         paper = paper_rows.get(_PAPER_LADDER_NAMES.get(name, "")) if task == "cifar10" else None
         entry = dict(
             task=task, config=name, group="ladder" if name in _PAPER_LADDER_NAMES or name == "+zero2" else
-            ("optimized" if name == "optimized" else "leave-one-out"),
+            name if name in ("optimized", "auto") else "leave-one-out",
             paper_time_min=paper["time_min"] if paper else math.nan,
             paper_memory_gb=paper["memory_gb"] if paper else math.nan,
             paper_accuracy_pct=paper["accuracy_pct"] if paper else math.nan,

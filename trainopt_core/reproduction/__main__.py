@@ -20,7 +20,8 @@ def _parse(argv):
     parser = argparse.ArgumentParser(prog="python -m trainopt_core.reproduction", description=__doc__.split("\n")[0])
     parser.add_argument("--task", required=True, choices=TASKS)
     parser.add_argument("--config", required=True,
-                        help="baseline | optimized | an ablation step (+accumulation, ...) | a leave-one-out step (-checkpointing, ...)")
+                        help="baseline | optimized | auto (planned on this machine by trainopt_core.plan(); the plan is kept "
+                             "in <out>/../plans) | an ablation step (+accumulation, ...) | a leave-one-out step (-checkpointing, ...)")
     parser.add_argument("--profile", default="quick", choices=PROFILES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for run records (default reports/<profile>/runs)")
@@ -31,10 +32,11 @@ def _parse(argv):
     parser.add_argument("--rerun", action="store_true", help="run even if a complete record exists")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        OptimizationConfig.preset(args.config)
-    except ValueError as err:
-        parser.error(str(err))
+    if args.config != "auto":
+        try:
+            OptimizationConfig.preset(args.config)
+        except ValueError as err:
+            parser.error(f"{err} (or 'auto': planned on this machine)")
     return args
 
 

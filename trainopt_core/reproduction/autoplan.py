@@ -3,10 +3,11 @@
 `auto` keeps the paper's learning-rate schedule and clipping (the `optimized` preset's) and takes
 everything that decides speed and memory -- precision, micro-batch split, checkpointing and its
 policy, the optimizer's kernels, the memory format, compile -- from a plan measured on one
-training batch of the task, without a memory budget and with time as eq. 3's only weight. The
-plan is stored as a record beside the runs (`<reports>/<profile>/plans/plan__<task>.json`) and
-reused only under the same conditions (hardware, device, data, torch, profile settings), like
-every other record; each `auto` run record carries the plan it ran.
+training batch of the task (the baseline's batch, so `auto` trains with the baseline's effective
+batch), without a memory budget and with time as eq. 3's only weight. The plan is stored as a
+record beside the runs (``<reports>/<profile>/plans/plan__<task>.json``) and reused only under
+the same conditions (hardware, device, data, torch, profile settings), like every other record;
+each `auto` run record carries the plan it ran.
 
 The plan comes from timing, so on another machine -- or on this one in another reproduction --
 it may choose differently; the record says what it chose and why (`Plan.explain()`).
@@ -31,8 +32,20 @@ PLAN_KIND = "plan"
 SCHEDULE_FIELDS = ("schedule", "warmup_fraction", "min_lr_ratio", "lr_scaling", "clip_norm")
 
 
+def plans_dir_for(out_dir: str | os.PathLike) -> Path:
+    """Where the plans of the reproduction writing into `out_dir` (``reports/<profile>/runs`` or
+    ``.../timing``) are kept: ``reports/<profile>/plans``."""
+    return Path(out_dir).parent / "plans"
+
+
 def plan_path(plans_dir: str | os.PathLike, task: str) -> Path:
     return Path(plans_dir) / f"plan__{task}.json"
+
+
+def load_plan_record(plans_dir: str | os.PathLike, task: str) -> dict | None:
+    """The stored plan record of `task`, or None."""
+    record = load_record(plan_path(plans_dir, task))
+    return record if record is not None and record.get("kind") == PLAN_KIND else None
 
 
 def auto_from_plan(planned: OptimizationConfig) -> OptimizationConfig:
@@ -41,20 +54,9 @@ def auto_from_plan(planned: OptimizationConfig) -> OptimizationConfig:
     return planned.replace(name=AUTO, **{name: getattr(optimized, name) for name in SCHEDULE_FIELDS})
 
 
-def planned_record(task: str, prof: TaskProfile, device: torch.device, *, plans_dir: str | os.PathLike,
-                   data_policy: str = "auto", data_dir=None, rerun: bool = False, progress: bool = False) -> dict:
-    """The plan record for `task` on this machine: reused when made under the same conditions,
-    else measured (about a minute on a 2-core CPU for the quick models) and written."""
-    from .tasks import build_task
-
-    torch.manual_seed(0)
-    bundle = build_task(prof, data_policy=data_policy, data_dir=data_dir, device=device, seed=0)
-    conditions = run_conditions(device=device, backend="torch", world_size=1, data_source=bundle.data_source,
-                                data_policy=data_policy, profile_settings=prof.to_dict())
-    path = plan_path(plans_dir, task)
-    existing = None if rerun else load_record(path)
-    if existing is not None and existing.get("kind") == PLAN_KIND and not condition_differences(existing, conditions):
-        return existing
+def plan_task(bundle, prof: TaskProfile, device: torch.device, *, progress: bool = False, **plan_options) -> Plan:
+    """`plan()` on the task's model (a copy), the profile's AdamW and one training batch of the
+    baseline's size: the way the reproduction trains it."""
     batch = tuple(t for t in next(bundle.train_batches(prof.baseline_batch_size, seed=0)) if t is not None)
 
     def optimizer(parameters):
@@ -63,12 +65,29 @@ def planned_record(task: str, prof: TaskProfile, device: torch.device, *, plans_
     def loss(model, x, y=None):
         return bundle.loss(model, x, y)
 
-    result = plan(copy.deepcopy(bundle.model).to(device), optimizer, batch, loss, loss_takes_model=True,
-                  device=device, progress=progress)
+    return plan(copy.deepcopy(bundle.model).to(device), optimizer, batch, loss, loss_takes_model=True,
+                device=device, progress=progress, **plan_options)
+
+
+def planned_record(task: str, prof: TaskProfile, device: torch.device, *, plans_dir: str | os.PathLike,
+                   data_policy: str = "auto", data_dir=None, rerun: bool = False, progress: bool = False) -> dict:
+    """The plan record for `task` on this machine: reused when made under the same conditions,
+    else measured (under a minute on a 2-core CPU for the quick models) and written."""
+    from .tasks import build_task
+
+    torch.manual_seed(0)
+    bundle = build_task(prof, data_policy=data_policy, data_dir=data_dir, device=device, seed=0)
+    conditions = run_conditions(device=device, backend="torch", world_size=1, data_source=bundle.data_source,
+                                data_policy=data_policy, profile_settings=prof.to_dict())
+    existing = None if rerun else load_plan_record(plans_dir, task)
+    if existing is not None and not condition_differences(existing, conditions):
+        return existing
+    result = plan_task(bundle, prof, device, progress=progress)
     record = dict(schema=RECORD_SCHEMA, status="complete", kind=PLAN_KIND, task=task, profile=prof.profile,
-                  conditions=conditions, plan=result.to_dict(), explanation=result.explain(),
+                  conditions=conditions, data_source=bundle.data_source, model_name=bundle.model_name,
+                  config=auto_from_plan(result.config).to_dict(), plan=result.to_dict(), explanation=result.explain(),
                   manifest=measure.run_manifest(profile=prof.profile, device=device))
-    write_record(path, record)
+    write_record(plan_path(plans_dir, task), record)
     return record
 
 
@@ -76,4 +95,19 @@ def auto_config(task: str, prof: TaskProfile, device: torch.device, *, plans_dir
                 **options) -> tuple[OptimizationConfig, dict]:
     """(`auto` for `task` on this machine, its plan record)."""
     record = planned_record(task, prof, device, plans_dir=plans_dir, **options)
-    return auto_from_plan(Plan.from_dict(record["plan"]).config), record
+    return OptimizationConfig.from_dict(record["config"]), record
+
+
+def plan_summary(record: dict) -> dict:
+    """What an `auto` run record keeps of its plan: the whole plan and where it came from."""
+    return dict(record["plan"], path=plan_path("plans", record["task"]).as_posix(),
+                explanation=record["explanation"], manifest=record["manifest"])
+
+
+def plan_of(record: dict) -> Plan:
+    """The `Plan` of a plan record or of an `auto` run record."""
+    return Plan.from_dict(record["plan"])
+
+
+__all__ = ["AUTO", "auto_config", "auto_from_plan", "load_plan_record", "plan_of", "plan_path", "plan_task",
+           "planned_record", "plans_dir_for"]

@@ -33,7 +33,7 @@ from .. import measure
 from ..compose import prepare
 from ..config import OptimizationConfig
 from ..precision import NonFiniteTrainingError
-from . import resume
+from . import autoplan, resume
 from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
 from .records import (
     RECORD_SCHEMA, computation_hash, condition_differences, load_record, quality_hash, record_path, run_conditions,
@@ -42,10 +42,24 @@ from .records import (
 from .tasks import Task, build_task
 
 # ------------------------------------------------------------------ configuration for a run
-def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, device: torch.device) -> tuple[OptimizationConfig, list[str]]:
-    """The configuration as run on this device, and notes on what the profile changed."""
-    cfg = OptimizationConfig.preset(config) if isinstance(config, str) else config
+def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, device: torch.device, *,
+                   plans_dir: str | os.PathLike | None = None, data_policy: str = "auto",
+                   data_dir=None) -> tuple[OptimizationConfig, list[str]]:
+    """The configuration as run on this device, and notes on what the profile changed.
+
+    ``"auto"`` is planned on this machine (`reproduction.autoplan`): the plan record in
+    `plans_dir` is reused when made under the same conditions, else measured and written."""
     notes = []
+    if config == autoplan.AUTO:
+        if plans_dir is None:
+            raise ValueError("config='auto' needs plans_dir: it is planned on this machine and the plan is kept there")
+        cfg, planned = autoplan.auto_config(profile.task, profile, device, plans_dir=plans_dir,
+                                            data_policy=data_policy, data_dir=data_dir)
+        notes.append(f"auto: planned on this machine by trainopt_core.plan() ({planned['plan']['chosen']}; "
+                     f"plan record {autoplan.plan_path('plans', profile.task).as_posix()}), with the optimized "
+                     f"configuration's LR schedule and clipping")
+        return cfg, notes
+    cfg = OptimizationConfig.preset(config) if isinstance(config, str) else config
     if device.type == "cpu" and cfg.precision == "fp16" and profile.cpu_reduced_precision != "fp16":
         cfg = cfg.replace(precision=profile.cpu_reduced_precision)
         notes.append(f"precision fp16 -> {profile.cpu_reduced_precision} on CPU (fp16 autocast is slow there)")
@@ -90,9 +104,16 @@ def run(
         setattr(options, key, value)
     prof = get_profile(task, profile)
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cfg, notes = resolve_config(config, prof, device)
-    path = record_path(Path(out_dir), task, cfg, profile, seed)
     world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if config == autoplan.AUTO and world_size > 1:
+        raise ValueError("config='auto' is planned for one process: run it without a process group "
+                         f"(world size here {world_size})")
+    plans_dir = autoplan.plans_dir_for(out_dir)
+    cfg, notes = resolve_config(config, prof, device, plans_dir=plans_dir, data_policy=options.data_policy,
+                                data_dir=options.data_dir)
+    path = record_path(Path(out_dir), task, cfg, profile, seed)
+    # an `auto` record carries the plan it ran
+    planned = {} if config != autoplan.AUTO else dict(plan=autoplan.plan_summary(autoplan.load_plan_record(plans_dir, task)))
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     torch.manual_seed(seed)
     bundle = build_task(prof, data_policy=options.data_policy, data_dir=options.data_dir, device=device, seed=seed)
@@ -107,7 +128,7 @@ def run(
         twin = _finished_twin(Path(out_dir), task, profile, seed, conditions, lambda made: (
             made.get("computation_hash") == computation and not made.get("computed_as")))
         if twin is not None and options.max_steps is None:
-            record = _as_twin_of(twin, cfg)
+            record = dict(_as_twin_of(twin, cfg), **planned)
             if rank == 0:
                 write_record(path, record)
             return record
@@ -119,7 +140,7 @@ def run(
         if quality_twin is not None and options.max_steps is None:
             probe = run(task, cfg, profile=profile, seed=seed, out_dir=out_dir, options=dataclasses.replace(
                 options, max_steps=prof.throughput_warmup_steps + PROBE_MEASURED_STEPS, rerun=True, progress=False))
-            record = _with_quality_of(quality_twin, probe)
+            record = dict(_with_quality_of(quality_twin, probe), **planned)
             if rank == 0:
                 write_record(path, record)
             return record
@@ -260,10 +281,21 @@ def run(
         steps=steps,
         metrics=metrics,
     )
+    record.update(planned)
     if rank == 0 and options.max_steps is None:
         write_record(path, record)
+        if planned:
+            _drop_superseded_auto_records(Path(out_dir), path, task, profile, seed)
     checkpoints.finished()
     return record
+
+
+def _drop_superseded_auto_records(out_dir: Path, kept: Path, task: str, profile: str, seed: int) -> None:
+    """Removes this seed's `auto` records that ran another plan (planned under other conditions,
+    or before a rerun of the plan): `auto` is whatever this machine's current plan chose."""
+    for stale in out_dir.glob(f"{task}__auto__{profile}__*__seed{seed}.json"):
+        if stale != kept:
+            stale.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------ in-run checkpoints

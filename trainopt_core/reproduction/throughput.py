@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from .. import measure
 from ..distributed import find_free_port
+from .autoplan import plans_dir_for
 from .profiles import get_profile
 from .records import RECORD_SCHEMA, computation_hash, condition_differences, load_record, run_conditions, write_record
 from .runner import build_engine, one_optimizer_step, resolve_config
@@ -70,25 +71,28 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
         os.environ.setdefault("LOCAL_RANK", "0")
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                              init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+    planning = dict(plans_dir=plans_dir_for(out_dir), data_policy=data_policy, data_dir=data_dir)
     twin_of: dict[str, str] = {}  # configuration -> the configuration timed for it
     first_by_computation: dict[str, str] = {}
+    hashes: dict[str, str] = {}  # what each name computes here (`auto`: what this machine's plan chose)
     for name in configs:
-        cfg, _ = resolve_config(name, prof, device)
+        cfg, _ = resolve_config(name, prof, device, **planning)
+        hashes[name] = cfg.config_hash()
         computation = computation_hash(cfg, world_size=1, backend=backend)
         twin_of[name] = first_by_computation.setdefault(computation, name)
     workloads: dict[str, _Workload] = {}
     conditions = None
     try:
         for name in dict.fromkeys(twin_of.values()):
-            workload = workloads[name] = _Workload(task, prof, name, device=device, backend=backend,
-                                                   data_policy=data_policy, data_dir=data_dir, seed=seed)
+            workload = workloads[name] = _Workload(task, prof, name, device=device, backend=backend, seed=seed,
+                                                   **planning)
             if conditions is None:
                 conditions = run_conditions(device=device, backend=backend, world_size=1,
                                             data_source=workload.data_source, data_policy=data_policy,
                                             profile_settings=prof.to_dict())
                 existing = None if rerun else load_throughput(out_dir, task)
                 if (existing is not None and not condition_differences(existing, conditions)
-                        and existing.get("windows") == windows and set(configs) <= set(existing["results"])):
+                        and existing.get("windows") == windows and _times_the_same(existing, hashes)):
                     return existing
         bar = tqdm(total=windows * len(workloads), desc=f"{task} throughput windows", unit="window",
                    disable=not progress, leave=False)
@@ -112,13 +116,14 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
             item_unit=prof.item_unit,
             summary=measure.summarize(rates[name]),
             precision=workload.cfg.precision,
+            config_hash=workload.cfg.config_hash(),
             micro_batch_size=workload.micro,
             mean_k=sum(workload.ks) / len(workload.ks),
             notes=workload.notes,
         )
     for name, timed in twin_of.items():
         if name != timed:
-            results[name] = dict(results[timed], timed_as=timed, notes=[
+            results[name] = dict(results[timed], timed_as=timed, config_hash=hashes[name], notes=[
                 *results[timed]["notes"], f"timed as {timed!r}: on one process with the torch engine "
                 f"ZeRO partitions nothing, so both compute exactly the same"])
     record = dict(
@@ -132,11 +137,19 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
     return record
 
 
+def _times_the_same(existing: dict, hashes: dict[str, str]) -> bool:
+    """Whether `existing` timed every configuration of `hashes` as it computes now (a record
+    written before results carried their hash times the presets, which never change)."""
+    results = existing["results"]
+    return all(name in results and results[name].get("config_hash", hashes[name]) == hashes[name] for name in hashes)
+
+
 class _Workload:
     """One configuration ready to step: model, optimizer, engine and its batches."""
 
-    def __init__(self, task, prof, name, *, device, backend, data_policy, data_dir, seed):
-        self.cfg, self.notes = resolve_config(name, prof, device)
+    def __init__(self, task, prof, name, *, device, backend, data_policy, data_dir, seed, plans_dir):
+        self.cfg, self.notes = resolve_config(name, prof, device, plans_dir=plans_dir, data_policy=data_policy,
+                                              data_dir=data_dir)
         torch.manual_seed(seed)
         self.bundle = build_task(prof, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
         self.data_source = self.bundle.data_source
