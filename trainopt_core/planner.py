@@ -487,7 +487,11 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
             helped = [c for c in ran if _helps(search.rows[c], search.rows[best], memory_budget_bytes)]
             if len(helped) > 1:
                 together = best.replace(**{key: value for c in helped for key, value in _changes(best, c).items()})
-                search.time([best] + helped + search.measure_memory([together]))
+                # timed with the baseline only: every speedup is paired with the baseline's windows,
+                # so it compares with the options' own (re-timing them cost ~6 s of a ResNet plan)
+                built = search.measure_memory([together])
+                if built:
+                    search.time(built)
         if not try_compile:
             notes.append("torch.compile not tried (try_compile=False, the default off CUDA: on a 2-core CPU the "
                          "quick GPT-2's first compiled step took 53 s, and its later steps were not faster).")
