@@ -324,6 +324,25 @@ def test_figures_title_the_data_source_and_are_saved(tmp_path):
         assert reports_figures.save_figure(fig, tmp_path, make.__name__).stat().st_size > 1000
 
 
+def test_a_curve_without_its_own_clock_is_placed_by_its_timed_speed_dashed():
+    """A checkpointed run whose curve came from its un-checkpointed twin has no clock: drawn
+    dashed at samples ÷ its interleaved-timed samples/s (median of windows); without timing it
+    is left out and named."""
+    timed = make_record(config="optimized", timing=(40.0, 50.0, 60.0))
+    untimed = make_record(config="+checkpointing")
+    for record in (timed, untimed):
+        record["history"] = [dict(h, time_s=None) for h in record["history"]]
+        record["quality_from"] = "optimized without checkpointing"
+    fig = reports_figures.quality_curves([make_record(), timed, untimed], "cifar10")
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["optimized"].get_xdata()) == [h["samples"] / 50.0 for h in timed["history"]]
+    assert lines["optimized"].get_linestyle() == "--" and lines["baseline"].get_linestyle() == "-"
+    assert "+checkpointing" not in lines
+    notes = " ".join(text.get_text() for text in ax.texts)
+    assert "dashed: optimized" in notes and "+checkpointing = optimized without checkpointing" in notes
+
+
 def test_memory_breakdown_frame_means_each_category_over_seeds():
     records = [make_record(seed=0, breakdown={"activations": 100.0}), make_record(seed=1, breakdown={"activations": 300.0})]
     frame = reports_figures.memory_breakdown_frame(records, "cifar10")

@@ -74,14 +74,16 @@ def run_child(tmp_path, task, config, out_dir, kill_at=0, world=1, backend="torc
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["cifar10", "wikitext2"])
 def test_a_run_killed_twice_resumes_to_the_uninterrupted_record(tmp_path, task):
-    _, reference = run_child(tmp_path, task, "optimized", tmp_path / "reference")
+    # the optimized rung without checkpointing: on one CPU process a checkpointed configuration
+    # trains its curve without checkpointing (runner._train_curve), which is this run
+    _, reference = run_child(tmp_path, task, "-checkpointing", tmp_path / "reference")
     assert reference is not None
     out = tmp_path / "interrupted"
     for kill_at in (3, 4):  # no checkpoint before the memory-tracked step (smoke: step 1) has run
-        result, record = run_child(tmp_path, task, "optimized", out, kill_at=kill_at)
+        result, record = run_child(tmp_path, task, "-checkpointing", out, kill_at=kill_at)
         assert result.returncode == -signal.SIGKILL and record is None, result.stderr[-2000:]
         assert any((out / ".checkpoints").rglob("*.pt")), "no checkpoint survived the kill"
-    result, resumed = run_child(tmp_path, task, "optimized", out)
+    result, resumed = run_child(tmp_path, task, "-checkpointing", out)
     assert result.returncode == 0, result.stderr[-3000:]
     assert any("resumed from its in-run checkpoint after optimizer step 3" in note for note in resumed["notes"])
     assert not record_differences(reference, resumed)

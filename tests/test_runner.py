@@ -7,6 +7,7 @@ import pytest
 
 from trainopt_core.reproduction import records as run_records
 from trainopt_core.reproduction import runner
+from trainopt_core.reporting import results
 from trainopt_core.reproduction.profiles import TIMING_ONLY_SETTINGS
 from trainopt_core.config import OptimizationConfig
 
@@ -153,7 +154,7 @@ def test_a_checkpointing_twin_takes_the_curve_and_measures_only_its_memory_and_s
     kwargs = dict(profile="smoke", seed=0, data_policy="standin", progress=False)
     plain = runner.run(task, "+lr_schedule", out_dir=shared, **kwargs)
     derived = runner.run(task, "+checkpointing", out_dir=shared, **kwargs)
-    trained = runner.run(task, "+checkpointing", out_dir=alone, **kwargs)
+    trained = runner.run(task, "+checkpointing", out_dir=alone, rerun=True, **kwargs)  # rerun: trained in full
     assert derived["quality_from"] == "+lr_schedule" and "quality_from" not in trained
     assert run_records.record_differences(trained, derived) == []
     assert derived["metrics"]["peak_memory_bytes"] != plain["metrics"]["peak_memory_bytes"]  # measured, not copied
@@ -163,6 +164,26 @@ def test_a_checkpointing_twin_takes_the_curve_and_measures_only_its_memory_and_s
     assert "bit-identically" in derived["notes"][-1]
     (written,) = shared.glob(f"{task}__plus_checkpointing__*.json")
     assert run_records.load_record(written) == json.loads(json.dumps(derived))
+
+
+def test_a_checkpointed_run_without_a_twin_trains_its_curve_without_checkpointing(tmp_path, monkeypatch):
+    """With no run of the same curve yet, +checkpointing trains the curve without checkpointing
+    (faster, the same values) in runs/curves/, which the tables do not read, and measures only its
+    own memory and speed; +lr_schedule, the same computation, then reuses that curve run."""
+    out = tmp_path / "smoke" / "runs"  # where the tables look: <reports>/<profile>/runs
+    kwargs = dict(profile="smoke", seed=0, out_dir=out, data_policy="standin", progress=False)
+    derived = runner.run("wikitext2", "+checkpointing", **kwargs)
+    (curve_path,) = (out / runner.CURVE_RUNS).glob("*.json")
+    curve = run_records.load_record(curve_path)
+    assert curve["config_name"] == "+checkpointing without checkpointing" and curve["config"]["checkpointing"] is None
+    assert derived["quality_from"] == curve["config_name"] and derived["config"]["checkpointing"] == "sqrt"
+    assert [h["quality"] for h in derived["history"]] == [h["quality"] for h in curve["history"]]
+    assert derived["metrics"]["peak_memory_bytes"] < curve["metrics"]["peak_memory_bytes"]  # its own, checkpointed
+    assert [r["config_name"] for r in results.load_records(tmp_path, "smoke")] == ["+checkpointing"]
+    monkeypatch.setattr(runner, "prepare", retrain)
+    plain = runner.run("wikitext2", "+lr_schedule", **kwargs)
+    assert plain["computed_as"] == curve["config_name"] and "the same computation" in plain["notes"][-1]
+    assert plain["history"] == curve["history"] and plain["config"]["checkpointing"] is None
 
 
 def test_record_comparison_ignores_guard_fields_and_sees_everything_a_seed_determines(smoke_records):

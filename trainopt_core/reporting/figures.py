@@ -8,6 +8,7 @@ it once and tests need no display). Every title names the data that really ran -
 from __future__ import annotations
 
 import math
+import statistics
 import os
 import textwrap
 from pathlib import Path
@@ -88,22 +89,32 @@ def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
         return _empty(fig, ax, f"no complete runs for task {task!r}")
     colors = _palette(r["config_name"] for r in chosen)
     accuracy = chosen[0]["metrics"].get("quality_name") == "accuracy"
-    seen, unclocked = set(), {}
+    seen, unclocked, placed = set(), {}, set()
     for r in chosen:
         times = [h["time_s"] for h in r["history"]]
-        if None in times:  # its curve is another run's (runner: checkpointing twins); that run is plotted
-            unclocked.setdefault(r["config_name"], r.get("quality_from"))
-            continue
+        style = dict(ls="-")
+        if None in times:  # its curve is another run's (runner: checkpointing twins), without that run's clock
+            speed = statistics.median((r.get("timing") or {}).get("samples_per_s") or [math.nan])
+            if not speed > 0:
+                unclocked.setdefault(r["config_name"], r.get("quality_from"))
+                continue
+            times = [h["samples"] / speed for h in r["history"]]  # placed by its own interleaved-timed speed
+            placed.add(r["config_name"])
+            style = dict(ls="--")
         values = [h["quality"] * (100 if accuracy else 1) for h in r["history"]]
         label = r["config_name"] if r["config_name"] not in seen else None
         seen.add(r["config_name"])
-        ax.plot(times, values, marker="o", ms=3, color=colors[r["config_name"]], label=label, alpha=0.9)
+        ax.plot(times, values, marker="o", ms=3, color=colors[r["config_name"]], label=label, alpha=0.9, **style)
     target = chosen[0]["metrics"].get("target")
     if target is not None:
         ax.axhline(target * (100 if accuracy else 1), color="black", ls="--", lw=1,
                    label=f"target {target * 100:.0f}%" if accuracy else f"target PPL {target:g}")
     if not accuracy:
         ax.set_yscale("log")
+    if placed:
+        ax.text(0.01, 0.06, "dashed: " + ", ".join(sorted(placed)) + ": curve of a run without checkpointing (the same "
+                "values); time = samples ÷ its interleaved-timed samples/s", transform=ax.transAxes, fontsize=7,
+                va="bottom")
     if unclocked:
         ax.text(0.01, 0.01, "no clock of their own (same curve as the run named): " + ", ".join(
             f"{name} = {source}" for name, source in unclocked.items()), transform=ax.transAxes, fontsize=7, va="bottom")

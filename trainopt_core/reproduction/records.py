@@ -25,7 +25,7 @@ RECORD_SCHEMA = 2  # 2: conditions, samples/steps to target, wall-clock time to 
 
 
 def record_path(out_dir: Path, task: str, cfg: OptimizationConfig, profile: str, seed: int) -> Path:
-    return Path(out_dir) / f"{task}__{cfg.name.replace('+', 'plus_').replace('-', 'minus_')}__{profile}__{cfg.config_hash()}__seed{seed}.json"
+    return Path(out_dir) / f"{task}__{cfg.name.replace('+', 'plus_').replace('-', 'minus_').replace(' ', '_')}__{profile}__{cfg.config_hash()}__seed{seed}.json"
 
 
 def load_record(path: Path) -> dict | None:

@@ -137,10 +137,12 @@ def run(
         quality_twin = None if same_curve is None else _finished_twin(
             Path(out_dir), task, profile, seed, conditions,
             lambda made: not made.get("quality_from") and _quality_hash_of(made, **curve) == same_curve)
+        if quality_twin is None and same_curve is not None and cfg.checkpointing is not None and options.max_steps is None:
+            quality_twin = _train_curve(task, cfg, profile=profile, seed=seed, out_dir=Path(out_dir), options=options)
         if quality_twin is not None and options.max_steps is None:
             probe = run(task, cfg, profile=profile, seed=seed, out_dir=out_dir, options=dataclasses.replace(
                 options, max_steps=prof.throughput_warmup_steps + PROBE_MEASURED_STEPS, rerun=True, progress=False))
-            record = dict(_with_quality_of(quality_twin, probe), **planned)
+            record = dict(_with_quality_of(quality_twin, probe, resolved_notes=notes), **planned)
             if rank == 0:
                 write_record(path, record)
             return record
@@ -432,11 +434,30 @@ def _energy_so_far(energy, carried: dict | None) -> float | None:
     return joules + ((carried["energy_j"] or 0.0) if carried else 0.0)
 
 
+# Where a checkpointed configuration's quality curve is trained without checkpointing (runner:
+# `_train_curve`): a subfolder of the runs, so the tables, which read the runs folder itself, never
+# list these runs as configurations of their own.
+CURVE_RUNS = "curves"
+CURVE_SUFFIX = " without checkpointing"
+
+
+def _train_curve(task: str, cfg: OptimizationConfig, *, profile: str, seed: int, out_dir: Path,
+                 options: RunOptions) -> dict:
+    """The run record of `cfg` without its activation checkpointing, trained (or reused) in
+    ``<out_dir>/curves/``. Where `records.quality_hash` holds, the two train bit-identically, so
+    the un-checkpointed run, which is faster, gives the curve and the checkpointed configuration
+    measures only its own memory and speed (a short probe)."""
+    curve_cfg = cfg.replace(name=f"{cfg.name}{CURVE_SUFFIX}", checkpointing=None, checkpoint_policy="full")
+    return run(task, curve_cfg, profile=profile, seed=seed, out_dir=out_dir / CURVE_RUNS, options=options)
+
+
 def _finished_twin(out_dir: Path, task: str, profile: str, seed: int, conditions: dict, same) -> dict | None:
     """The first finished record of this seed, made under the same conditions, for which
     `same(record)` holds (the same computation: `records.computation_hash`; the same quality
-    curve: `records.quality_hash`), or None."""
-    for candidate in sorted(out_dir.glob(f"{task}__*__{profile}__*__seed{seed}.json")):
+    curve: `records.quality_hash`), or None. The runs folder is searched first, then the
+    un-checkpointed curve runs in its `curves/` subfolder."""
+    pattern = f"{task}__*__{profile}__*__seed{seed}.json"
+    for candidate in [*sorted(out_dir.glob(pattern)), *sorted((out_dir / CURVE_RUNS).glob(pattern))]:
         record = load_record(candidate)
         if (record is not None and record.get("seed") == seed
                 and not condition_differences(record, conditions, ignore_settings=TIMING_ONLY_SETTINGS) and same(record)):
@@ -463,9 +484,10 @@ _CURVE_METRICS = ("samples_to_target", "steps_to_target", "target", "final_quali
                   "optimizer_steps")
 
 
-def _with_quality_of(twin: dict, probe: dict) -> dict:
+def _with_quality_of(twin: dict, probe: dict, *, resolved_notes=()) -> dict:
     """The record of a run whose quality curve is `twin`'s: identity, memory and speed from its
-    own first optimizer steps (`probe`), curve and steps from `twin` without its clock."""
+    own first optimizer steps (`probe`), curve and steps from `twin` without its clock; the notes
+    of resolving its configuration (e.g. fp16 -> bf16 on CPU) first, as a run of its own has them."""
     def unclocked(entries: list[dict]) -> list[dict]:
         return [dict(entry, time_s=None) for entry in entries]
 
@@ -475,7 +497,7 @@ def _with_quality_of(twin: dict, probe: dict) -> dict:
                    probe_optimizer_steps=probe["metrics"]["optimizer_steps"])
     record = dict(probe, status="complete", quality_from=twin["config_name"], history=unclocked(twin["history"]),
                   steps=unclocked(twin["steps"]), metrics=metrics)
-    record["notes"] = [*probe["notes"], (
+    record["notes"] = [*[n for n in resolved_notes if n not in probe["notes"]], *probe["notes"], (
         f"quality curve from the run of {twin['config_name']!r}: activation checkpointing recomputes the same "
         f"values, so both train bit-identically; memory and throughput measured in this configuration's own first "
         f"{probe['metrics']['optimizer_steps']} optimizer steps; no whole-run clock (time to target comes from the "
@@ -487,8 +509,9 @@ def _as_twin_of(twin: dict, cfg: OptimizationConfig) -> dict:
     """`twin`'s measurements under `cfg`'s name, saying which run they come from and why."""
     record = dict(twin, config_name=cfg.name, config=cfg.to_dict(), config_hash=cfg.config_hash(),
                   computed_as=twin["config_name"])
-    record["notes"] = [*twin["notes"], f"measured by the run of {twin['config_name']!r}: on one process with the "
-                       f"torch engine ZeRO-{cfg.zero_stage} partitions nothing, so both train bit-identically"]
+    why = (f"on one process with the torch engine ZeRO-{cfg.zero_stage} partitions nothing, so both train bit-identically"
+           if twin.get("config", {}).get("zero_stage", 0) != cfg.zero_stage else "the same computation under another name")
+    record["notes"] = [*twin["notes"], f"measured by the run of {twin['config_name']!r}: {why}"]
     return record
 
 
