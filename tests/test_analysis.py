@@ -65,6 +65,27 @@ def test_phase_speedups_split_time_saved_by_phases_of_the_baseline_curve():
     assert thirds["baseline_s"].tolist() == pytest.approx([3.0, 3.0])
 
 
+def test_a_run_without_its_own_clock_borrows_its_curve_runs_clock_scaled_by_timed_speed():
+    """optimized's curve came from an un-checkpointed run, present as -checkpointing (computed by
+    it): its per-step clock is that run's, times the ratio of their interleaved-timed speeds."""
+    twin = with_clock(make_record(config="-checkpointing", timing=(90.0, 100.0, 110.0)), [0.5, 1.0, 1.5])
+    twin["computed_as"] = "optimized without checkpointing"
+    derived = with_clock(make_record(config="optimized", timing=(40.0, 50.0, 60.0)), [1.0, 1.0, 1.0])
+    derived["steps"] = [dict(step, time_s=None) for step in derived["steps"]]
+    derived["quality_from"] = "optimized without checkpointing"
+    clocked = analysis.with_borrowed_clock(derived, [twin, derived])
+    assert [s["time_s"] for s in clocked["steps"]] == pytest.approx([1.0, 3.0, 6.0])  # (0.5, 1.5, 3.0) x 100/50
+    assert clocked["clock_from"] == dict(run="-checkpointing", scale=2.0)
+    assert analysis.with_borrowed_clock(twin, [twin]) is twin  # has its own
+    other_seed = dict(twin, seed=1)
+    unchanged = analysis.with_borrowed_clock(derived, [other_seed])
+    with pytest.raises(ValueError, match="own per-step clock"):
+        analysis.time_at_samples(unchanged, [16])
+    base = with_curve(with_clock(make_record(config="baseline"), [1.0] * 3), [0, 48, 96], [0.1, 0.5, 0.9])
+    table = analysis.phase_speedups([base, twin, derived], "cifar10")
+    assert table["optimized_s"].sum() == pytest.approx(6.0)
+
+
 def test_time_at_samples_interpolates_the_step_clock():
     record = with_clock(make_record(), [1.0, 3.0])
     assert analysis.time_at_samples(record, [16, 48]).tolist() == pytest.approx([0.5, 2.5])

@@ -56,6 +56,33 @@ def time_at_samples(record: dict, samples: np.ndarray) -> np.ndarray:
     return np.interp(samples, consumed, clock_s)
 
 
+def _clocked(record: dict) -> bool:
+    return bool(record.get("steps")) and all(s.get("time_s") is not None for s in record["steps"])
+
+
+def with_borrowed_clock(record: dict, records: list[dict]) -> dict:
+    """`record` itself when it has its own per-step clock. A run whose curve and steps come from
+    another run (runner: a checkpointed configuration trains its curve without checkpointing) has
+    none: it gets that run's per-step clock (found among `records` under the curve run's name, e.g.
+    as the un-checkpointed rung computed by it, same task and seed) scaled by the two
+    configurations' interleaved-timed speeds (median samples/s of their windows), which keeps how
+    the step times vary over the run (adaptive k) and charges each step what checkpointing costs.
+    Without such a run or timing, `record` unchanged (`time_at_samples` then says why)."""
+    if _clocked(record) or not record.get("quality_from"):
+        return record
+    source = record["quality_from"]
+    twin = next((r for r in records if r["task"] == record["task"] and r.get("seed") == record.get("seed")
+                 and source in (r["config_name"], r.get("computed_as")) and _clocked(r)), None)
+    speeds = [np.median((r or {}).get("timing", {}).get("samples_per_s") or [math.nan]) for r in (twin, record)]
+    if twin is None or not all(speed > 0 for speed in speeds) or \
+            [s["samples_consumed"] for s in twin["steps"]] != [s["samples_consumed"] for s in record["steps"]]:
+        return record
+    scale = speeds[0] / speeds[1]
+    return dict(record, steps=[dict(step, time_s=twin_step["time_s"] * scale)
+                               for step, twin_step in zip(record["steps"], twin["steps"])],
+                clock_from=dict(run=twin["config_name"], scale=scale))
+
+
 def phase_times(record: dict, num_phases: int = 3, total_samples: float | None = None,
                 edges: list[float] | None = None) -> list[float]:
     """Seconds spent on each phase: between consecutive sample counts `edges`, or on
@@ -91,10 +118,11 @@ def convergence_phases(records: list[dict], task: str, *, baseline: str = "basel
 def phase_speedups(records: list[dict], task: str, *, baseline: str = "baseline", optimized: str = "optimized",
                    num_phases: int = 3) -> pd.DataFrame:
     """Per training phase: mean seconds of the baseline and the optimized configuration over
-    seeds, the speedup and the phase's share of the total time saved. The three phases are
+    seeds, the speedup and the phase's share of the total time saved (a run without a clock of its
+    own gets its curve run's, scaled: `with_borrowed_clock`). The three phases are
     `convergence_phases` of the baseline curve (equal slices of the samples when
     `num_phases` != 3 or the records have no curve)."""
-    base, opt = _pick(records, task, baseline), _pick(records, task, optimized)
+    base, opt = [[with_borrowed_clock(r, records) for r in _pick(records, task, config)] for config in (baseline, optimized)]
     columns = ["phase", "samples_from", "samples_to", "baseline_s", "optimized_s", "speedup", "share_of_time_saved"]
     if not base or not opt:
         return pd.DataFrame(columns=columns)
