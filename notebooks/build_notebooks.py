@@ -311,7 +311,9 @@ pd.Series(reporting.paper_claims()["error_analysis"]["impact_share_by_phase"], n
 Phases are defined on the baseline's converging quality curve (seed mean): **early** until it has
 made half of its whole improvement, **middle** until 90 %, **late** the approach to the plateau
 (`analysis.convergence_phases`; perplexity counts in loss, i.e. on the log scale). Each run's
-per-step clock gives the time it needed for each phase's samples; the speedup per phase and each
+per-step clock gives the time it needed for each phase's samples (a checkpointed run whose curve
+was trained without checkpointing borrows that run's clock, scaled by the two configurations'
+interleaved-timed speeds: `analysis.with_borrowed_clock`); the speedup per phase and each
 phase's share of the total time saved show whether the gains concentrate early, as the paper says.
 """),
     code('''for task in tasks:
