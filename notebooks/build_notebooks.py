@@ -119,7 +119,8 @@ show_table(paper_claims_frame("table2_wikitext2_gpt2"))''', CHECK),
 ## The configurations
 
 As requested. On a CPU a profile runs the reduced precision as bf16 (fp16 autocast is slow
-there) and single-process ZeRO-2 partitions nothing; each run record notes such changes and
+there), or fp32 on a CPU without bf16 instructions (AVX-512 BF16 or AMX), where bf16 is
+emulated and slower than fp32; single-process ZeRO-2 partitions nothing; each run record notes such changes and
 every table caption repeats them. What `auto` runs is planned per task on this machine: the plan
 is shown below the tables.
 """),

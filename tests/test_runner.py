@@ -1,14 +1,17 @@
 """Run records: complete, reused, never mistaken for finished when interrupted."""
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from trainopt_core import measure
 from trainopt_core.reproduction import records as run_records
 from trainopt_core.reproduction import runner
 from trainopt_core.reporting import results
-from trainopt_core.reproduction.profiles import TIMING_ONLY_SETTINGS
+from trainopt_core.reproduction.profiles import TIMING_ONLY_SETTINGS, get_profile
 from trainopt_core.config import OptimizationConfig
 
 REQUIRED_METRICS = {
@@ -57,8 +60,9 @@ def test_smoke_runs_of_both_tasks_write_complete_records(smoke_records):
 def test_optimized_run_states_what_ran_on_cpu(smoke_records):
     _, records = smoke_records
     opt = records["cifar10", "optimized"]
-    assert opt["config"]["precision"] == "bf16"
-    assert any("fp16 -> bf16" in note for note in opt["notes"])
+    reduced = "bf16" if measure.cpu_computes_bf16_natively() else "fp32"  # no bf16 instructions: emulated, slow
+    assert opt["config"]["precision"] == reduced
+    assert any(f"fp16 -> {reduced}" in note for note in opt["notes"])
     assert any(note.startswith("ZeRO-2: none: single process") for note in opt["notes"])
     assert {s["k"] for s in opt["steps"]} <= set(range(4, 9))
     assert opt["micro_batch_size"] == records["cifar10", "baseline"]["micro_batch_size"] // 4
@@ -84,8 +88,33 @@ def test_record_carries_the_conditions_it_was_made_under(smoke_records):
     assert conditions["data_policy"] == "standin" and "NOT" in conditions["data_source"]
 
 
+def test_cpu_without_bf16_instructions_runs_the_reduced_precision_as_fp32_and_says_so(monkeypatch):
+    prof = get_profile("cifar10", "smoke")
+    for native, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(measure, "cpu_computes_bf16_natively", lambda: native)
+        cfg, notes = runner.resolve_config("optimized", prof, torch.device("cpu"))
+        assert cfg.precision == expected and any(f"fp16 -> {expected}" in note for note in notes)
+    assert "no bf16 instructions" in notes[0] and "mixed precision is off" in notes[0]
+    # the ladder's mixed-precision rung then computes what +accumulation does: one run, one timing serve both
+    ladder = [runner.resolve_config(name, prof, torch.device("cpu"))[0] for name in ("+accumulation", "+mixed_precision")]
+    assert len({run_records.computation_hash(cfg, world_size=1, backend="torch") for cfg in ladder}) == 1
+    cfg, _ = runner.resolve_config("baseline", prof, torch.device("cpu"))
+    assert cfg.precision == "fp32"
+
+
+def test_hardware_fingerprint_tells_cpus_with_one_model_name_apart_by_instruction_set():
+    fingerprint = measure.hardware_fingerprint("cpu")
+    assert {"cpu_model", "cpu_id", "cpu_isa", "cpu_logical_cores"} <= set(fingerprint)
+    assert fingerprint["cpu_isa"].split("+")[0] == torch.backends.cpu.get_cpu_capability()
+    assert ("+bf16" in fingerprint["cpu_isa"]) == measure.cpu_computes_bf16_natively()
+
+
 @pytest.mark.parametrize("condition, other", [
     ("hardware", {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8}),   # made on another machine
+    # the same model name ("AMD EPYC" names several generations in a virtual machine), another instruction set
+    ("hardware", dict(measure.hardware_fingerprint("cpu"), cpu_isa="AVX512+bf16+amx"
+                      if measure.cpu_isa() != "AVX512+bf16+amx" else "AVX2")),
+    ("hardware", {"cpu_model": measure.hardware_fingerprint("cpu")["cpu_model"], "cpu_logical_cores": os.cpu_count()}),
     ("device_type", "cuda"), ("backend", "deepspeed"), ("world_size", 2),
     ("data_source", "CIFAR-10 (cifar-10-batches-py)"), ("data_policy", "real"), ("torch", "1.13.0"),
     ("profile_settings", {"target": 1.0}),

@@ -43,6 +43,7 @@ from .compose import prepare
 from .config import OptimizationConfig
 from .measure.costs import cost
 from .measure.energy import EnergyMeter
+from .measure.manifest import cpu_computes_bf16_natively
 from .measure.memory import MemoryTracker
 from .measure.stats import paired_ratio, summarize
 from .measure.timing import interleaved_windows
@@ -63,10 +64,7 @@ def native_reduced_precisions(device: torch.device) -> tuple[str, ...]:
     if device.type == "cuda":
         return ("bf16", "fp16") if torch.cuda.is_bf16_supported() else ("fp16",)
     if device.type == "cpu":
-        cpu = getattr(torch.backends, "cpu", None)
-        capability = cpu.get_cpu_capability() if cpu is not None else ""
-        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        return ("bf16",) if native or "AVX512_BF16" in capability else ()
+        return ("bf16",) if cpu_computes_bf16_natively() else ()
     return ()
 
 

@@ -10,7 +10,8 @@
 - `energy`: `EnergyMeter` (NVML / RAPL counters, or None with the reason).
 - `costs`: eq. 3's cost and `cheapest_config` under a memory budget.
 - `manifest`: `run_manifest`, the hardware and software a measurement was made on, and
-  `hardware_fingerprint` (what must match for two timings to be compared).
+  `hardware_fingerprint` (what must match for two timings to be compared), `cpu_isa` and
+  `cpu_computes_bf16_natively` (whether bf16 autocast runs on bf16 instructions or emulated).
 """
 from .costs import cheapest_config, cost
 from .energy import EnergyMeter
@@ -18,7 +19,7 @@ from .flops import (
     GPU_DATASHEET_FLOPS, datasheet_peak_flops, flops_utilization, flops_workload, matmul_probe_flops,
     measure_peak_flops, model_flops_utilization, peak_flops, precision_name, tf32_enabled,
 )
-from .manifest import hardware_fingerprint, run_manifest
+from .manifest import cpu_computes_bf16_natively, cpu_isa, hardware_fingerprint, run_manifest
 from .memory import CATEGORIES as MEMORY_CATEGORIES
 from .memory import MemoryTracker, PeakMemory
 from .stats import paired_ratio, product_ratio, summarize, t_quantile_975
@@ -26,7 +27,7 @@ from .timing import ThroughputMeter, Timer, elapsed_s, interleaved_windows, sync
 
 __all__ = [
     "GPU_DATASHEET_FLOPS", "MEMORY_CATEGORIES", "EnergyMeter", "MemoryTracker", "PeakMemory",
-    "ThroughputMeter", "Timer", "cheapest_config", "cost", "datasheet_peak_flops", "elapsed_s",
+    "ThroughputMeter", "Timer", "cheapest_config", "cost", "cpu_computes_bf16_natively", "cpu_isa", "datasheet_peak_flops", "elapsed_s",
     "flops_utilization", "flops_workload", "hardware_fingerprint", "interleaved_windows", "matmul_probe_flops", "measure_peak_flops", "model_flops_utilization", "paired_ratio",
     "peak_flops", "precision_name", "product_ratio", "run_manifest", "summarize", "synchronize",
     "t_quantile_975", "tf32_enabled", "time_to_target",

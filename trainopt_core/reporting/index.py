@@ -56,7 +56,9 @@ def describe_hardware(manifest: dict) -> str:
         return "GPU " + ", ".join(f"{c}x {n}" for n, c in counts.items()) + (f" (driver {driver})" if driver else "")
     if hardware.get("cpu_model") or hardware.get("cpu_logical_cores"):
         cores = hardware.get("cpu_logical_cores")
-        return f"CPU {hardware.get('cpu_model') or 'unknown model'}" + (f" ({cores} logical cores)" if cores else "")
+        details = [hardware.get("cpu_id"), hardware.get("cpu_isa"), f"{cores} logical cores" if cores else None]
+        details = [d for d in details if d]
+        return f"CPU {hardware.get('cpu_model') or 'unknown model'}" + (f" ({', '.join(details)})" if details else "")
     # another manifest layout: whatever names a device
     found = _find(manifest, "gpu", "cpu", "device")
     return "; ".join(f"{k}={v}" for k, v in list(found.items())[:3])

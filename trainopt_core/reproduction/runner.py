@@ -61,8 +61,15 @@ def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, devic
         return cfg, notes
     cfg = OptimizationConfig.preset(config) if isinstance(config, str) else config
     if device.type == "cpu" and cfg.precision == "fp16" and profile.cpu_reduced_precision != "fp16":
-        cfg = cfg.replace(precision=profile.cpu_reduced_precision)
-        notes.append(f"precision fp16 -> {profile.cpu_reduced_precision} on CPU (fp16 autocast is slow there)")
+        reduced = profile.cpu_reduced_precision
+        if reduced == "bf16" and not measure.cpu_computes_bf16_natively():
+            cfg = cfg.replace(precision="fp32")
+            notes.append(f"precision fp16 -> fp32 on this CPU ({measure.cpu_isa()}): it has no bf16 instructions "
+                         f"(AVX-512 BF16 or AMX), so bf16 autocast would be emulated, several times slower than "
+                         f"fp32, and fp16 autocast is slow on any CPU; mixed precision is off")
+        else:
+            cfg = cfg.replace(precision=reduced)
+            notes.append(f"precision fp16 -> {reduced} on CPU (fp16 autocast is slow there)")
     return cfg, notes
 
 
@@ -128,7 +135,7 @@ def run(
         twin = _finished_twin(Path(out_dir), task, profile, seed, conditions, lambda made: (
             made.get("computation_hash") == computation and not made.get("computed_as")))
         if twin is not None and options.max_steps is None:
-            record = dict(_as_twin_of(twin, cfg), **planned)
+            record = dict(_as_twin_of(twin, cfg, resolved_notes=notes), **planned)
             if rank == 0:
                 write_record(path, record)
             return record
@@ -505,13 +512,15 @@ def _with_quality_of(twin: dict, probe: dict, *, resolved_notes=()) -> dict:
     return record
 
 
-def _as_twin_of(twin: dict, cfg: OptimizationConfig) -> dict:
-    """`twin`'s measurements under `cfg`'s name, saying which run they come from and why."""
+def _as_twin_of(twin: dict, cfg: OptimizationConfig, *, resolved_notes=()) -> dict:
+    """`twin`'s measurements under `cfg`'s name, saying which run they come from and why, with the
+    notes of resolving `cfg` (on a CPU without bf16, +mixed_precision runs fp32: +accumulation's run)."""
     record = dict(twin, config_name=cfg.name, config=cfg.to_dict(), config_hash=cfg.config_hash(),
                   computed_as=twin["config_name"])
     why = (f"on one process with the torch engine ZeRO-{cfg.zero_stage} partitions nothing, so both train bit-identically"
            if twin.get("config", {}).get("zero_stage", 0) != cfg.zero_stage else "the same computation under another name")
-    record["notes"] = [*twin["notes"], f"measured by the run of {twin['config_name']!r}: {why}"]
+    record["notes"] = [*[n for n in resolved_notes if n not in twin["notes"]], *twin["notes"],
+                       f"measured by the run of {twin['config_name']!r}: {why}"]
     return record
 
 

@@ -75,8 +75,9 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
     twin_of: dict[str, str] = {}  # configuration -> the configuration timed for it
     first_by_computation: dict[str, str] = {}
     hashes: dict[str, str] = {}  # what each name computes here (`auto`: what this machine's plan chose)
+    resolved: dict[str, tuple] = {}  # name -> (configuration as run here, notes of resolving it)
     for name in configs:
-        cfg, _ = resolve_config(name, prof, device, **planning)
+        cfg, notes = resolved[name] = resolve_config(name, prof, device, **planning)
         hashes[name] = cfg.config_hash()
         computation = computation_hash(cfg, world_size=1, backend=backend)
         twin_of[name] = first_by_computation.setdefault(computation, name)
@@ -123,9 +124,12 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
         )
     for name, timed in twin_of.items():
         if name != timed:
+            (cfg, notes), timed_cfg = resolved[name], resolved[timed][0]
+            why = ("on one process with the torch engine ZeRO partitions nothing, so both compute exactly the same"
+                   if cfg.zero_stage != timed_cfg.zero_stage else "both compute exactly the same here")
             results[name] = dict(results[timed], timed_as=timed, config_hash=hashes[name], notes=[
-                *results[timed]["notes"], f"timed as {timed!r}: on one process with the torch engine "
-                f"ZeRO partitions nothing, so both compute exactly the same"])
+                *[n for n in notes if n not in results[timed]["notes"]], *results[timed]["notes"],
+                f"timed as {timed!r}: {why}"])
     record = dict(
         schema=RECORD_SCHEMA, status="complete", kind=TIMING_KIND, task=task, profile=profile, seed=seed,
         configs=configs, conditions=conditions, windows=windows, seeds=seeds,
