@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
 import os
 import platform
@@ -12,43 +13,38 @@ import torch
 
 
 def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
+    return _cpuinfo().get("model name") or platform.processor() or None
 
 
-def _cpuinfo_field(name: str) -> str | None:
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo, keys lower-cased (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip() and fields:
+                break
             key, _, value = line.partition(":")
-            if key.strip().lower() == name:
-                return value.strip()
+            fields.setdefault(key.strip().lower(), value.strip())
     except OSError:
         pass
-    return None
+    return fields
 
 
 def _cpu_id() -> str | None:
     """The CPU's family, model and stepping (x86 /proc/cpuinfo), else the processor string: a
     virtual machine may name several generations alike ("AMD EPYC")."""
-    parts = [(label, _cpuinfo_field(key)) for label, key in (("family", "cpu family"), ("model", "model"),
-                                                             ("stepping", "stepping"))]
+    info = _cpuinfo()
+    parts = [(label, info.get(key)) for label, key in (("family", "cpu family"), ("model", "model"),
+                                                        ("stepping", "stepping"))]
     if all(value for _, value in parts):
         return " ".join(f"{label} {value}" for label, value in parts)
     return platform.processor() or None
 
 
-def cpu_computes_bf16_natively() -> bool:
-    """Whether this CPU has bf16 instructions (AVX-512 BF16 or AMX): without them bf16 autocast
-    is emulated and runs several times slower than fp32."""
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    if any(probe is not None and probe() for probe in probes):
-        return True
-    return "AVX512_BF16" in _cpu_capability()
+def _torch_cpu_has(probe: str) -> bool:
+    check = getattr(torch.cpu, probe, None)  # private probes: absent from some torch builds
+    return bool(check is not None and check())
 
 
 def _cpu_capability() -> str:
@@ -56,11 +52,17 @@ def _cpu_capability() -> str:
     return cpu.get_cpu_capability() if cpu is not None else "unknown"
 
 
+def cpu_computes_bf16_natively() -> bool:
+    """Whether this CPU has bf16 instructions (AVX-512 BF16 or AMX): without them bf16 autocast
+    is emulated and runs several times slower than fp32."""
+    return (_torch_cpu_has("_is_avx512_bf16_supported") or _torch_cpu_has("_is_amx_tile_supported")
+            or "AVX512_BF16" in _cpu_capability())
+
+
 def cpu_isa() -> str:
     """The vector instruction set torch's CPU kernels dispatch to ("AVX2", "AVX512", ...), with
     "+bf16" where the CPU computes bf16 natively and "+amx" where it has AMX tiles."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    extras = ["bf16"] * cpu_computes_bf16_natively() + ["amx"] * bool(amx is not None and amx())
+    extras = ["bf16"] * cpu_computes_bf16_natively() + ["amx"] * _torch_cpu_has("_is_amx_tile_supported")
     return "+".join([_cpu_capability(), *extras])
 
 

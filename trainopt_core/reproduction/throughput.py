@@ -77,7 +77,7 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
     hashes: dict[str, str] = {}  # what each name computes here (`auto`: what this machine's plan chose)
     resolved: dict[str, tuple] = {}  # name -> (configuration as run here, notes of resolving it)
     for name in configs:
-        cfg, notes = resolved[name] = resolve_config(name, prof, device, **planning)
+        cfg, _ = resolved[name] = resolve_config(name, prof, device, **planning)
         hashes[name] = cfg.config_hash()
         computation = computation_hash(cfg, world_size=1, backend=backend)
         twin_of[name] = first_by_computation.setdefault(computation, name)
