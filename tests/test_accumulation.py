@@ -13,7 +13,10 @@ from trainopt_core.accumulation import (
     calibrate_sigma_target,
     choose_k,
     estimate_noise,
+    goodput,
+    noise_scale_from_norms,
     pool_estimates,
+    probe_noise_scale,
 )
 
 
@@ -209,3 +212,66 @@ def test_pure_noise_gradient_holds_k_and_says_so():
     assert reasons[0] == f"held: fewer than {MIN_POOLED_STEPS} steps pooled" and ks[0] == 3
     assert "held: |G|² not significant" in reasons[MIN_POOLED_STEPS:]
     assert all(k == previous for previous, k, r in zip(ks, ks[1:], reasons[1:]) if r.startswith("held"))
+
+
+def _gaussian_gradients(generator, grad_norm, m=16, b=8, d=2000):
+    """m micro-batch mean gradients G + noise with tr(Σ) = d per sample: B_simple = d / |G|²."""
+    direction = torch.randn(d, dtype=torch.float64, generator=generator)
+    true_gradient = direction / direction.norm() * grad_norm
+    g = true_gradient + torch.randn(m, d, dtype=torch.float64, generator=generator) / math.sqrt(b)
+    total = g.sum(0)
+    return (g * g).sum(1).tolist(), (g @ total).tolist(), float(total @ total), [float(b)] * m
+
+
+def test_one_batch_noise_scale_recovers_a_known_noise_scale_and_its_interval_covers_it():
+    generator = torch.Generator().manual_seed(0)
+    for grad_norm in (3.0, 1.0):
+        truth = 2000 / grad_norm**2
+        probes = [noise_scale_from_norms(*_gaussian_gradients(generator, grad_norm)) for _ in range(200)]
+        estimates = sorted(p.b_simple for p in probes)
+        assert estimates[100] == pytest.approx(truth, rel=0.1)
+        coverage = sum(p.ci_low <= truth <= p.ci_high for p in probes) / len(probes)
+        assert coverage >= 0.9
+    # pure noise: the interval of |G|² reaches zero, so the noise scale is bounded below only
+    pure = [noise_scale_from_norms(*_gaussian_gradients(generator, 0.0)) for _ in range(50)]
+    assert sum(not p.significant for p in pure) >= 45
+    assert all(p.ci_low > 0 for p in pure)
+
+
+def test_noise_scale_probe_replays_dropout_and_equals_stored_micro_batch_gradients():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Dropout(0.3), torch.nn.Linear(20, 3))
+    model.eval()
+    x, y = torch.randn(48, 10), torch.randint(0, 3, (48,))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    probe = probe_noise_scale(model, (x, y), torch.nn.functional.cross_entropy, micro_batches=12, seed=3)
+    assert not model.training and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    stored = []
+    model.train()
+    for index, (xs, ys) in enumerate(zip(x.chunk(12), y.chunk(12))):
+        model.zero_grad()
+        with torch.random.fork_rng():
+            torch.manual_seed(3 * 100_003 + index)
+            torch.nn.functional.cross_entropy(model(xs), ys).backward()
+        stored.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double())
+    g = torch.stack(stored)
+    total = g.sum(0)
+    direct = noise_scale_from_norms((g * g).sum(1).tolist(), (g @ total).tolist(), float(total @ total), [4.0] * 12)
+    assert probe.b_simple == pytest.approx(direct.b_simple, rel=1e-5)
+    assert probe.ci_low == pytest.approx(direct.ci_low, rel=1e-5)
+    assert probe.micro_batches == 12 and probe.micro_batch_size == 4.0
+    with pytest.raises(ValueError, match="micro_batches"):
+        probe_noise_scale(model, (x[:2], y[:2]), torch.nn.functional.cross_entropy)
+
+
+def test_goodput_peaks_at_the_closed_form_k():
+    # B_simple 200, b 8, t_micro 1, t_optimizer 4: k* = sqrt(200 * 4 / 8) = 10
+    values = {k: goodput(k, micro_batch_size=8, micro_s=1.0, optimizer_s=4.0, b_simple=200.0, reference_batch=16)["goodput"]
+              for k in range(1, 30)}
+    assert max(values, key=values.get) == 10
+    free_optimizer = {k: goodput(k, micro_batch_size=8, micro_s=1.0, optimizer_s=0.0, b_simple=200.0,
+                                 reference_batch=16)["goodput"] for k in range(1, 30)}
+    assert max(free_optimizer, key=free_optimizer.get) == 1  # no step cost to spread: the smallest batch wins
+    unbounded = goodput(4, micro_batch_size=8, micro_s=1.0, optimizer_s=4.0, b_simple=math.inf, reference_batch=16)
+    assert unbounded["statistical_efficiency"] == 1.0

@@ -1,5 +1,6 @@
 """plan(): candidates measured on the user's model, chosen by eq. 3 within a memory budget."""
 import json
+import math
 
 import pytest
 import torch
@@ -131,3 +132,37 @@ def test_dropout_and_batch_statistics_are_not_mistaken_for_a_quality_loss():
     for row in result.rows:
         if row["precision"] == "fp32":
             assert row["loss_rel_diff"] < 1e-5 and not (row["rejected_because"] or "").startswith("quality"), row
+
+
+def test_with_adaptive_accumulation_the_plan_splits_at_least_in_two_and_chooses_k_by_goodput():
+    result = _plan(adaptive_accumulation=True, k_max=6)
+    config, good = result.config, result.goodput
+    assert config.adaptive and config.k_min == result.chosen["k"] >= 2 and config.k_max == 6
+    assert config.k == good["k"] == max(good["rows"], key=lambda row: row["goodput"])["k"]
+    assert [row["k"] for row in good["rows"]] == list(range(config.k_min, 7))
+    assert good["micro_batch_size"] == 64 / config.k_min and good["micro_s"] > 0 and good["optimizer_s"] > 0
+    assert good["noise_scale"]["micro_batches"] == 16 and good["noise_scale"]["ci_low"] > 0
+    assert result.rows[0]["candidate"] == "fp32, k=1" and "needs k >= 2" in result.rows[0]["rejected_because"]
+    assert "Adaptive accumulation: gradient noise scale B_simple" in result.explain()
+    config.validate_for_run(device="cpu")
+    again = Plan.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again.goodput["k"] == good["k"] and again.rechoose().config == config
+    with pytest.raises(ValueError, match="k_max=1 is invalid"):
+        _plan(adaptive_accumulation=True, k_max=1)
+    with pytest.raises(ValueError, match=r"ks=\(1,\) is invalid: allowed at least one k >= 2"):
+        _plan(adaptive_accumulation=True, ks=(1,))
+
+
+def test_goodput_grows_k_only_where_the_optimizer_step_is_worth_spreading():
+    from trainopt_core.planner import _goodput_choice
+
+    chosen = {"k": 2, "candidate": "fp32, k=2", "seconds_per_sample": 0.001}
+    noise = {"b_simple": 1000.0, "ci_low": 300.0, "ci_high": math.inf}
+    # b = 32: k* = sqrt(1000 * 0.05 / (32 * 0.01)) = 12.5, past k_max
+    costly = _goodput_choice(chosen, noise, optimizer_s=0.05, micro_s=0.01, batch_size=64, k_max=8)
+    assert costly["k"] == 8 and costly["closed_form_k"] == pytest.approx(12.5, rel=1e-3)
+    cheap = _goodput_choice(chosen, noise, optimizer_s=1e-4, micro_s=0.01, batch_size=64, k_max=8)
+    assert cheap["k"] == 2 and cheap["k_at_interval"] == [2, 8]  # an unbounded noise scale: every sample counts fully
+    # without a measured micro-batch time it comes from the row: 0.001 s/sample * 64 - 1e-4, over k = 2
+    derived = _goodput_choice(chosen, noise, optimizer_s=1e-4, micro_s=None, batch_size=64, k_max=8)
+    assert derived["micro_s"] == pytest.approx((0.064 - 1e-4) / 2)

@@ -16,6 +16,11 @@ measured in the same windows):
    candidate that already fits is not checkpointed.
 3. Speed options on the best so far: the optimizer's fused kernels (foreach where it has none), channels-last
    weights for CNNs, torch.compile where it is tried; then the options that helped, together.
+4. With adaptive accumulation only (`adaptive_accumulation=True`): k sets the effective batch
+   k·b of the chosen micro-batch b, so it is chosen by goodput -- samples/s × statistical
+   efficiency, the efficiency from the gradient noise scale B_simple of the batch (measured with
+   its 95 % interval, `accumulation.probe_noise_scale`), the samples/s from the chosen
+   candidate's timed micro-batch and optimizer-step seconds.
 
 Before a candidate is timed, the memory model (eq. 8: activations scale with the micro-batch;
 eq. 19: checkpointing keeps a fraction of them), calibrated on one tracked fp32 step, prunes it
@@ -32,12 +37,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
+from .accumulation import goodput, probe_noise_scale
 from .checkpointing import block_sequence, expected_saved_fraction, has_block_sequence, resolve_segments
 from .compose import prepare
 from .config import OptimizationConfig
@@ -46,7 +53,7 @@ from .measure.energy import EnergyMeter
 from .measure.manifest import cpu_computes_bf16_natively
 from .measure.memory import MemoryTracker
 from .measure.stats import paired_ratio, summarize
-from .measure.timing import interleaved_windows
+from .measure.timing import Timer, interleaved_windows
 
 PRUNE_MARGIN = 1.25       # a prediction this far over the budget is not worth measuring
 LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}  # |loss - fp32 loss| / |fp32 loss| on the probe batch
@@ -119,6 +126,7 @@ class Plan:
     compile_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     energy_source: str | None = None
+    goodput: dict | None = None  # with adaptive accumulation: the noise scale and k by goodput
 
     def frame(self):
         import pandas as pd
@@ -130,7 +138,8 @@ class Plan:
         return {"config": self.config.computation_fields(), "chosen": self.chosen["candidate"],
                 "memory_budget_bytes": self.memory_budget_bytes, "weights": list(self.weights),
                 "planning_s": self.planning_s, "compile_s": self.compile_s, "notes": list(self.notes),
-                "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows]}
+                "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows],
+                "goodput": self.goodput}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Plan":
@@ -140,7 +149,8 @@ class Plan:
         return cls(config=OptimizationConfig.from_dict(values["config"]), chosen=chosen, baseline=baseline, rows=rows,
                    memory_budget_bytes=values["memory_budget_bytes"], weights=tuple(values["weights"]),
                    planning_s=values["planning_s"], compile_s=values.get("compile_s", 0.0),
-                   notes=list(values.get("notes", [])), energy_source=values.get("energy_source"))
+                   notes=list(values.get("notes", [])), energy_source=values.get("energy_source"),
+                   goodput=values.get("goodput"))
 
     def rechoose(self, *, memory_budget_bytes: float | None = None, weights: Sequence[float] | None = None) -> "Plan":
         """The same measurements chosen again under another budget and/or weights (nothing is
@@ -151,15 +161,23 @@ class Plan:
         if memory_budget_bytes is not None and not memory_budget_bytes > 0:
             _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
         rows = [_measured_part(row) for row in self.rows]
-        notes = _choose(rows, memory_budget_bytes, weights)
+        notes = _choose(rows, memory_budget_bytes, weights, min_k=2 if self.goodput else 1)
         if not any(row["checkpointing"] is not None and row["peak_memory_bytes"] is not None for row in rows):
             notes.append("Checkpointing was not measured in the plan this one re-chooses from; plan() again "
                          "with this budget to measure it.")
         chosen = next(row for row in rows if row.get("chosen"))
         baseline = _baseline_row(rows)
-        return Plan(config=_candidate_of(chosen).config(), chosen=chosen, baseline=baseline, rows=rows,
+        config, good = _candidate_of(chosen).config(), None
+        if self.goodput:
+            # the same noise scale and optimizer-step time; a micro-batch's time from the newly
+            # chosen candidate's timed seconds per sample when it is not the one measured
+            micro_s = self.goodput["micro_s"] if chosen["candidate"] == self.chosen["candidate"] else None
+            good = _goodput_choice(chosen, self.goodput["noise_scale"], optimizer_s=self.goodput["optimizer_s"],
+                                   micro_s=micro_s, batch_size=self.goodput["batch_size"], k_max=self.goodput["k_max"])
+            config = _adaptive_config(config, good)
+        return Plan(config=config, chosen=chosen, baseline=baseline, rows=rows,
                     memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=self.planning_s,
-                    compile_s=self.compile_s, notes=notes, energy_source=self.energy_source)
+                    compile_s=self.compile_s, notes=notes, energy_source=self.energy_source, goodput=good)
 
     def explain(self) -> str:
         base, best = self.baseline, self.chosen
@@ -175,6 +193,8 @@ class Plan:
             if row["candidate"] != best["candidate"] and row["rejected_because"]:
                 lines.append(f"  {row['candidate']}: {row['rejected_because']}")
         lines += [f"  {note}" for note in self.notes]
+        if self.goodput:
+            lines += ["  " + line for line in _explain_goodput(self.goodput)]
         lines.append(f"Planning took {self.planning_s:.1f} s" +
                      (f", of which compiling {self.compile_s:.1f} s." if self.compile_s else "."))
         return "\n".join(lines)
@@ -283,6 +303,20 @@ class _Trial:
             self.engine.backward(loss, num_items=items)
             self.engine.step()
         return float(self.size)
+
+    def split_step(self, device) -> tuple[float, float]:
+        """One optimizer step, timed in two parts: (seconds of its k micro-batches, seconds of
+        the boundary -- unscale, clip, optimizer update, zero_grad)."""
+        with Timer(device) as whole:
+            for micro in self.micro[:-1]:
+                loss, items = self._loss(micro)
+                self.engine.backward(loss, num_items=items)
+                self.engine.step()
+            loss, items = self._loss(self.micro[-1])
+            self.engine.backward(loss, num_items=items)
+            with Timer(device) as boundary:
+                self.engine.step()
+        return whole.elapsed_s - boundary.elapsed_s, boundary.elapsed_s
 
 
 class _Search:
@@ -394,6 +428,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
          loss_fn: Callable, *, loss_takes_model: bool = False, device: torch.device | str | None = None,
          memory_budget_bytes: float | None = None, weights: Sequence[float] = (1.0, 0.0, 0.0),
          ks: Sequence[int] | None = None, speed_options: bool = True, try_compile: bool | None = None,
+         adaptive_accumulation: bool = False, k_max: int = 8,
          windows: int = 3, steps_per_window: int = 2, progress: bool = False) -> Plan:
     """Measure candidate configurations on `batch` and choose one (module docstring).
 
@@ -410,6 +445,15 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     `try_compile` (default: on CUDA only; on a 2-core CPU compiling the quick GPT-2's training step
     took 53 s and the compiled steps were not faster), torch.compile; its compile time is
     reported apart (`Plan.compile_s`).
+    `adaptive_accumulation`: the plan is for variance-aware accumulation (`OptimizationConfig`
+    with adaptive=True), where k sets the effective batch k·b of a fixed micro-batch b, so k is
+    chosen by goodput -- samples/s × statistical efficiency -- not by samples/s alone. The
+    splits tried are then those with k >= 2 (eq. 7 needs two micro-batches per step on one
+    process); the chosen split gives b = batch/k and k_min = k (the effective batch never falls
+    below `batch`); the gradient noise scale B_simple of `batch` at the initial weights
+    (`accumulation.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
+    micro-batch and optimizer-step seconds give the goodput of each k in [k_min, `k_max`]; the
+    best is the starting k (`Plan.goodput` has the table and k at the interval's two ends).
     `windows` × `steps_per_window` steps time each candidate; `progress` prints each stage.
     """
     started = time.perf_counter()
@@ -425,6 +469,12 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     for argument, value in (("windows", windows), ("steps_per_window", steps_per_window)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _fail(argument, value, "an integer >= 1")
+    min_k = 2 if adaptive_accumulation else 1
+    if adaptive_accumulation and (not isinstance(k_max, int) or isinstance(k_max, bool) or k_max < 2):
+        _fail("k_max", k_max, "an integer >= 2 (the largest k adaptive accumulation may reach)")
+    if adaptive_accumulation and size < 6:
+        _fail("batch", f"a batch of {size}", "with adaptive_accumulation, a batch of >= 6 samples (>= 3 micro-batches "
+              "for the noise scale's interval, split into >= 2)")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     if try_compile is None:
         try_compile = device.type == "cuda"
@@ -435,10 +485,10 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         notes.append(f"Energy weight {weights[2]} not used: {search.energy_unavailable}.")
 
     # 1. precision × split
-    stage1 = _candidates(size, device, ks)
+    stage1 = _candidates(size, device, ks, min_k=min_k)
     first = search.measure_memory(stage1)
     search.time(first)
-    best = _best(search, weights=weights)
+    best = _best(search, weights=weights, min_k=min_k)
 
     # 2. checkpointing, where memory counts
     if search.num_blocks and (memory_budget_bytes is not None or weights[1] > 0):
@@ -472,7 +522,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         ran = search.measure_memory(checkpointed, limit=MAX_CHECKPOINTED)
         if ran:
             search.time([best] + ran if best else ran)
-            best = _best(search, weights=weights)
+            best = _best(search, weights=weights, min_k=min_k)
     elif memory_budget_bytes is not None and not search.num_blocks:
         notes.append("Checkpointing not tried: the model has no known block sequence (give it checkpoint_blocks).")
 
@@ -495,19 +545,26 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                          "quick GPT-2's first compiled step took 53 s, and its later steps were not faster).")
 
     rows = list(search.rows.values())
-    notes += _choose(rows, memory_budget_bytes, weights)
+    notes += _choose(rows, memory_budget_bytes, weights, min_k=min_k)
     chosen = next(row for row in rows if row.get("chosen"))
-    return Plan(config=_candidate_of(chosen).config(), chosen=chosen, baseline=search.rows[Candidate()], rows=rows,
+    config, good = _candidate_of(chosen).config(), None
+    if adaptive_accumulation:
+        good = _measure_goodput(search, _candidate_of(chosen), k_max=k_max)
+        config = _adaptive_config(config, good)
+    return Plan(config=config, chosen=chosen, baseline=search.rows[Candidate()], rows=rows,
                 memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=time.perf_counter() - started,
-                compile_s=search.compile_s, notes=notes, energy_source=search.energy_source)
+                compile_s=search.compile_s, notes=notes, energy_source=search.energy_source, goodput=good)
 
 
-def _candidates(batch_size: int, device: torch.device, ks: Sequence[int] | None) -> list[Candidate]:
+def _candidates(batch_size: int, device: torch.device, ks: Sequence[int] | None, min_k: int = 1) -> list[Candidate]:
     precisions = ("fp32",) + native_reduced_precisions(device)
-    splits = ks if ks is not None else [k for k in (1, 2, 4, 8) if batch_size % k == 0]
+    splits = ks if ks is not None else [k for k in (1, 2, 4, 8) if batch_size % k == 0 and k >= min_k]
     for k in splits:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1 or batch_size % k:
             _fail("ks", tuple(splits), f"integers >= 1 dividing the batch size {batch_size}")
+    if not any(k >= min_k for k in splits):
+        _fail("ks", tuple(splits), f"at least one k >= {min_k} (adaptive accumulation needs >= 2 micro-batches "
+              f"per step on one process), dividing the batch size {batch_size}")
     candidates = [Candidate(p, k) for p in precisions for k in splits]
     if Candidate() not in candidates:
         candidates.insert(0, Candidate())  # the baseline is always measured
@@ -552,11 +609,11 @@ def _candidate_of(row: dict) -> Candidate:
     return Candidate(**{f.name: row[f.name] for f in dataclasses.fields(Candidate)})
 
 
-def _best(search: _Search, *, weights) -> Candidate | None:
+def _best(search: _Search, *, weights, min_k: int = 1) -> Candidate | None:
     """The current choice among what is measured so far (None when nothing fits yet)."""
     rows = [_measured_part(row) for row in search.rows.values()]
     try:
-        _choose(rows, search.budget, weights)
+        _choose(rows, search.budget, weights, min_k=min_k)
     except ValueError:
         return None
     return _candidate_of(next(row for row in rows if row.get("chosen")))
@@ -611,9 +668,9 @@ def _predict(calibration: dict, candidate: Candidate, batch_size: int) -> float:
     return calibration["fixed_bytes"] + factor * (activations + temporaries)
 
 
-def _choose(rows: list[dict], budget: float | None, weights: tuple) -> list[str]:
-    """Marks the chosen row (eq. 3 among feasible timed rows) and why each other measured row
-    lost; returns notes. ValueError when no measured candidate fits the budget."""
+def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 1) -> list[str]:
+    """Marks the chosen row (eq. 3 among feasible timed rows with k >= `min_k`) and why each
+    other measured row lost; returns notes. ValueError when no measured candidate fits the budget."""
     notes = []
     base = _baseline_row(rows)
     for row in rows:
@@ -623,17 +680,29 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple) -> list[str]
             row["rejected_because"] = f"over the budget: peak {row['peak_memory_bytes'] / 2**20:.1f} MiB"
             continue
         row["feasible"] = True
+    base_fits = base["feasible"]
+    for row in rows:
+        if row["feasible"] and row["k"] < min_k:
+            row["feasible"] = False
+            row["rejected_because"] = (f"adaptive accumulation needs k >= {min_k} micro-batches per step on one "
+                                       "process (the baseline is the reference)")
     feasible = [row for row in rows if row["feasible"]]
     if not feasible:
         smallest = min((r for r in rows if r["peak_memory_bytes"] is not None),
                        key=lambda r: r["peak_memory_bytes"], default=None)
         _fail("memory_budget_bytes", budget, "a budget some candidate fits; the smallest measured peak was "
               + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
-    if base["feasible"]:
-        for row in feasible:
-            if row is not base and row["speedup"] < 1.0:
-                row["feasible"] = False
-                row["rejected_because"] = f"slower than the fp32 baseline ({row['speedup']:.2f}x)"
+    forced_by_k = False
+    if base_fits:
+        slower = [row for row in feasible if row is not base and row["speedup"] < 1.0]
+        if len(slower) == len(feasible):  # only with adaptive accumulation (the baseline is feasible otherwise)
+            fastest = max(feasible, key=lambda row: row["speedup"])
+            notes.append(f"Every split with k >= {min_k} runs slower than the fp32 baseline: with adaptive "
+                         f"accumulation the plan runs at {fastest['speedup']:.2f}x its speed at best.")
+            slower, forced_by_k = [], True
+        for row in slower:
+            row["feasible"] = False
+            row["rejected_because"] = f"slower than the fp32 baseline ({row['speedup']:.2f}x)"
         feasible = [row for row in feasible if row["feasible"]]
     else:
         notes.append("The budget rules out the fp32 baseline (peak "
@@ -651,7 +720,83 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple) -> list[str]
     for row in feasible:
         if row is not best:
             row["rejected_because"] = f"higher eq. 3 cost ({row['cost']:.3f} vs {best['cost']:.3f})"
-    if best["speedup"] < 1.0:
+    if best["speedup"] < 1.0 and not forced_by_k:
         notes.append(f"The chosen configuration runs at {best['speedup']:.2f}x the fp32 baseline's speed: "
                      "the budget forces it.")
     return notes
+
+
+# ----------------------------------------------------------------------------- adaptive accumulation
+def _measure_goodput(search: _Search, chosen: Candidate, *, k_max: int) -> dict:
+    """The noise scale of the probe batch at the initial weights and the chosen candidate's
+    micro-batch and optimizer-step seconds (medians over windows × steps_per_window steps), then
+    k by goodput (`_goodput_choice`)."""
+    search._say("adaptive accumulation: the gradient noise scale, then micro-batch and optimizer-step time")
+    probe = probe_noise_scale(copy.deepcopy(search.model), search.batch, search.loss_fn,
+                              loss_takes_model=search.loss_takes_model)
+    trial = search.trials[chosen]
+    parts = [trial.split_step(search.device) for _ in range(search.windows * search.steps_per_window)]
+    micro_s = statistics.median(m for m, _ in parts) / chosen.k
+    optimizer_s = statistics.median(o for _, o in parts)
+    return _goodput_choice(search.rows[chosen], probe.to_dict(), optimizer_s=optimizer_s, micro_s=micro_s,
+                           batch_size=search.size, k_max=k_max)
+
+
+def _goodput_choice(chosen: dict, noise_scale: dict, *, optimizer_s: float, micro_s: float | None,
+                    batch_size: int, k_max: int) -> dict:
+    """Goodput (`accumulation.goodput`) of k = k_min..k_max micro-batches of the chosen split's
+    b = batch_size / k_min, relative to k_min's; the best k, and the best at either end of the
+    noise scale's interval. Without a measured `micro_s` it comes from the chosen row's timed
+    seconds per sample (a step of k_min micro-batches minus the optimizer's part)."""
+    k_min = chosen["k"]
+    b = batch_size / k_min
+    if micro_s is None:
+        micro_s = max(chosen["seconds_per_sample"] * batch_size - optimizer_s, 0.0) / k_min
+    ks = range(k_min, max(k_max, k_min) + 1)
+
+    def table(b_simple: float) -> list[dict]:
+        rows = [goodput(k, micro_batch_size=b, micro_s=micro_s, optimizer_s=optimizer_s, b_simple=b_simple,
+                        reference_batch=batch_size) for k in ks]
+        for row in rows:
+            row["relative_goodput"] = row["goodput"] / rows[0]["goodput"]
+        return rows
+
+    def best(rows: list[dict]) -> int:
+        return max(rows, key=lambda row: row["goodput"])["k"]
+
+    rows = table(noise_scale["b_simple"])
+    phi = noise_scale["b_simple"]
+    closed_form = math.inf if math.isinf(phi) else math.sqrt(phi * optimizer_s / (b * micro_s)) if micro_s > 0 else math.inf
+    return {"noise_scale": noise_scale, "micro_batch_size": b, "batch_size": batch_size, "micro_s": micro_s,
+            "optimizer_s": optimizer_s, "k_min": k_min, "k_max": max(k_max, k_min), "k": best(rows),
+            "k_at_interval": [best(table(noise_scale["ci_low"])), best(table(noise_scale["ci_high"]))],
+            "closed_form_k": closed_form, "rows": rows, "measured_on": chosen["candidate"]}
+
+
+def _adaptive_config(config: OptimizationConfig, good: dict) -> OptimizationConfig:
+    return config.replace(adaptive=True, k=good["k"], k_min=good["k_min"], k_max=good["k_max"])
+
+
+def _size(value: float) -> str:
+    return "unbounded" if math.isinf(value) else f"{value:.3g}"
+
+
+def _explain_goodput(good: dict) -> list[str]:
+    noise = good["noise_scale"]
+    rows = {row["k"]: row for row in good["rows"]}
+    chosen = rows[good["k"]]
+    lines = [f"Adaptive accumulation: gradient noise scale B_simple {_size(noise['b_simple'])} samples "
+             f"(95 % interval {_size(noise['ci_low'])}-{_size(noise['ci_high'])}) at the initial weights, from "
+             f"{noise['micro_batches']} micro-batches of {noise['micro_batch_size']:.3g};",
+             f"  a micro-batch of {good['micro_batch_size']:.3g} takes {good['micro_s'] * 1e3:.3g} ms and the "
+             f"optimizer step {good['optimizer_s'] * 1e3:.3g} ms (on {good['measured_on']}), so goodput (samples/s "
+             f"× statistical efficiency) peaks at k* = sqrt(B_simple·t_opt/(b·t_micro)) = {_size(good['closed_form_k'])};",
+             f"  starting k = {good['k']} in [{good['k_min']}, {good['k_max']}] (effective batch "
+             f"{chosen['effective_batch']:.3g}; {good['k_at_interval'][0]} to {good['k_at_interval'][1]} across the "
+             "interval); eq. 6 moves k as the noise scale changes in training."]
+    if len(rows) > 1:
+        last = rows[good["k_max"]]
+        lines.append(f"  k = {good['k_max']} would give {last['relative_goodput']:.2f}x k = {good['k_min']}'s goodput "
+                     f"({last['samples_per_s'] / rows[good['k_min']]['samples_per_s']:.2f}x its samples/s, "
+                     f"{last['statistical_efficiency']:.2f} of its statistical efficiency).")
+    return lines

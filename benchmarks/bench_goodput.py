@@ -1,0 +1,120 @@
+"""Benchmark: `plan(adaptive_accumulation=True)` -- k by goodput -- and the step-time model it rests on.
+
+For each task of the profile (the quick ResNet and GPT-2 on this machine) it plans with adaptive
+accumulation on one training batch of the baseline's size, as the reproduction's `auto` plans,
+and prints the gradient noise scale B_simple of that batch at the initial weights (with its
+95 % interval), the chosen micro-batch's and optimizer step's seconds, and the goodput table.
+
+Goodput's samples/s term is a model: a step of k micro-batches of b samples costs
+k·t_micro + t_optimizer. The benchmark checks it: the chosen candidate with k = k_min, 2·k_min
+and k_max micro-batches of the same b (real training batches of k·b samples) is timed
+interleaved, A, B, C, A, B, C ..., in `--windows` windows of `--steps` optimizer steps, and the
+measured samples/s ratio to k_min's (paired by window: median and 95 % interval) is printed
+beside the model's.
+
+    python benchmarks/bench_goodput.py [--profile quick] [--tasks cifar10,wikitext2] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import sys
+import time
+import warnings
+
+import torch
+
+from trainopt_core import measure
+from trainopt_core.measure.stats import paired_ratio
+from trainopt_core.measure.timing import interleaved_windows
+from trainopt_core.planner import _candidate_of, _Trial
+from trainopt_core.reproduction.autoplan import plan_task
+from trainopt_core.reproduction.profiles import get_profile
+from trainopt_core.reproduction.tasks import build_task
+
+print = functools.partial(print, flush=True)  # noqa: A001 -- interleaved with progress on stderr
+
+
+def _optimizer(prof):
+    def build(parameters):
+        return torch.optim.AdamW(parameters, lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
+    return build
+
+
+def bench_task(task: str, profile: str, device: torch.device, windows: int, steps: int, progress: bool) -> dict:
+    prof = get_profile(task, profile)
+    torch.manual_seed(0)
+    bundle = build_task(prof, data_policy="auto", data_dir=None, device=device, seed=0)
+    print(f"\n{task}: {bundle.model_name}; {bundle.data_source}; batch {prof.baseline_batch_size}")
+    result = plan_task(bundle, prof, device, progress=progress, adaptive_accumulation=True)
+    good = result.goodput
+    print(f"  plan: {result.chosen['candidate']} -> starting k={result.config.k}, k in [{good['k_min']}, {good['k_max']}] "
+          f"(planning {result.planning_s:.1f} s)")
+    print("\n".join("  " + line for line in result.explain().splitlines() if "Adaptive" in line or line.startswith("    ")))
+    print(f"  {'k':>3} {'batch':>6} {'samples/s':>10} {'efficiency':>10} {'goodput vs k_min':>17}")
+    for row in good["rows"]:
+        print(f"  {row['k']:3d} {row['effective_batch']:6.0f} {row['samples_per_s']:10.1f} "
+              f"{row['statistical_efficiency']:10.3f} {row['relative_goodput']:17.3f}")
+
+    # the step-time model, checked: the same micro-batch b, k micro-batches per step
+    b = int(good["micro_batch_size"])
+    ks = sorted({good["k_min"], min(2 * good["k_min"], good["k_max"]), good["k_max"]})
+    candidate = _candidate_of(result.chosen)
+
+    def loss(model, x, y=None):
+        return bundle.loss(model, x, y)
+
+    trials = {}
+    for k in ks:
+        batch = tuple(t for t in next(bundle.train_batches(k * b, seed=0)) if t is not None)
+        trials[k] = _Trial(candidate.replace(k=k), copy.deepcopy(bundle.model).to(device), _optimizer(prof), batch,
+                           loss, device, loss_takes_model=True)
+    rates = interleaved_windows({str(k): trials[k].step for k in ks}, windows=windows, steps_per_window=steps,
+                                warmup_steps=1, device=device)
+    predicted = {row["k"]: row["samples_per_s"] for row in good["rows"]}
+    checks = []
+    print(f"  step-time model vs measured ({windows} windows x {steps} steps, interleaved; ratio to k={ks[0]}):")
+    for k in ks:
+        ratio = paired_ratio(rates[str(k)], rates[str(ks[0])])
+        model_ratio = predicted[k] / predicted[ks[0]]
+        inside = ratio["ci_low"] <= model_ratio <= ratio["ci_high"] if ratio["ci_low"] is not None else None
+        checks.append({"k": k, "measured_ratio": ratio["median"], "ci_low": ratio["ci_low"],
+                       "ci_high": ratio["ci_high"], "model_ratio": model_ratio, "model_inside_interval": inside})
+        print(f"    k={k:2d} (batch {k * b:4d}): measured x{ratio['median']:.3f} "
+              f"[{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}], model x{model_ratio:.3f}"
+              + ("" if inside is None else "  (inside)" if inside else "  (OUTSIDE)"))
+    return {"task": task, "profile": profile, "model": bundle.model_name, "data_source": bundle.data_source,
+            "plan": result.to_dict(), "step_time_model": checks, "windows": windows, "steps_per_window": steps}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="quick", choices=("smoke", "quick", "paper"))
+    parser.add_argument("--tasks", default="cifar10,wikitext2")
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--json", default=None, help="also write the measurements and plans here")
+    parser.add_argument("--progress", action="store_true")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    hardware = measure.run_manifest()["hardware"]
+    print(f"machine: {hardware}; device {device}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    started = time.perf_counter()
+    results = {"hardware": hardware, "device": str(device), "torch": torch.__version__,
+               "manifest": measure.run_manifest(profile=args.profile, device=device),
+               "tasks": [bench_task(task, args.profile, device, args.windows, args.steps, args.progress)
+                         for task in args.tasks.split(",")]}
+    results["wall_s"] = time.perf_counter() - started
+    print(f"\nbenchmark took {results['wall_s']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
