@@ -236,6 +236,20 @@ def test_explore_matches_a_bf16_run_to_a_fp16_choice_and_shows_both_columns():
     assert explorer.explorer_app([base, opt]) is not None  # the widget panel builds headless
 
 
+def test_explorer_finds_a_mixed_precision_run_that_a_cpu_without_bf16_ran_in_fp32():
+    from trainopt_core.reproduction.runner import REDUCED_PRECISION_OFF
+
+    plain = make_record(config="+accumulation")
+    plain["config"] = ABLATION_LADDER[1].to_dict()
+    mixed = make_record(config="+mixed_precision")
+    mixed["config"] = ABLATION_LADDER[2].replace(precision="fp32").to_dict()  # as resolved on that CPU
+    mixed["notes"] = [f"{REDUCED_PRECISION_OFF} on this CPU (AVX2): it has no bf16 instructions"]
+    on = explorer.config_from_components({"accumulation", "mixed_precision"}, k=4, adaptive=False, precision="fp16")
+    off = explorer.config_from_components({"accumulation"}, k=4, adaptive=False)
+    assert explorer.find_measured([plain, mixed], "cifar10", on) == [mixed]
+    assert explorer.find_measured([plain, mixed], "cifar10", off) == [plain]
+
+
 def test_explore_says_why_each_measurement_differs_from_the_prediction():
     base = make_record(config="baseline", breakdown={"parameters": 4000.0, "gradients": 10.0, "optimizer_state": 8000.0,
                                                      "activations": 800.0, "temporaries": 50.0})

@@ -115,15 +115,15 @@ def config_from_components(components, *, k: int | None = None, adaptive: bool =
 
 
 def find_measured(records: list[dict], task: str, config: OptimizationConfig) -> list[dict]:
-    """Records of `task` run with `config`'s settings (fp16 and bf16 count as the same reduced
-    precision: a CPU profile runs fp16 as bf16 and its record says so)."""
-    def reduced(precision):
-        return precision != "fp32"
+    """Records of `task` run with `config`'s settings. fp16 and bf16 count as the same reduced
+    precision (a CPU profile runs fp16 as bf16), and a run that asked for it on a CPU without
+    bf16 instructions, where it ran fp32, counts as asking for it; each record says what ran."""
+    from ..reproduction.runner import asked_for_reduced_precision
 
     wanted = config.to_dict()
     return [r for r in records if r["task"] == task
             and all(r["config"].get(f) == wanted[f] for f in _MATCH_FIELDS)
-            and reduced(r["config"].get("precision", "fp32")) == reduced(config.precision)]
+            and asked_for_reduced_precision(r) == (config.precision != "fp32")]
 
 
 def explore(records: list[dict], task: str, config: OptimizationConfig, *, calibration: dict | None = None) -> pd.DataFrame:

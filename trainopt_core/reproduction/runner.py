@@ -42,6 +42,17 @@ from .records import (
 from .tasks import Task, build_task
 
 # ------------------------------------------------------------------ configuration for a run
+# how the note of a run asked for reduced precision but run in fp32 (a CPU without bf16) begins
+REDUCED_PRECISION_OFF = "precision fp16 -> fp32"
+
+
+def asked_for_reduced_precision(record: dict) -> bool:
+    """Whether `record`'s configuration asks for reduced precision: it ran one, or it asked for
+    fp16 on a CPU without bf16 instructions and ran fp32 (`resolve_config` notes that)."""
+    return record["config"].get("precision", "fp32") != "fp32" or any(
+        note.startswith(REDUCED_PRECISION_OFF) for note in record.get("notes", []))
+
+
 def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, device: torch.device, *,
                    plans_dir: str | os.PathLike | None = None, data_policy: str = "auto",
                    data_dir=None) -> tuple[OptimizationConfig, list[str]]:
@@ -64,7 +75,7 @@ def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, devic
         reduced = profile.cpu_reduced_precision
         if reduced == "bf16" and not measure.cpu_computes_bf16_natively():
             cfg = cfg.replace(precision="fp32")
-            notes.append(f"precision fp16 -> fp32 on this CPU ({measure.cpu_isa()}): it has no bf16 instructions "
+            notes.append(f"{REDUCED_PRECISION_OFF} on this CPU ({measure.cpu_isa()}): it has no bf16 instructions "
                          f"(AVX-512 BF16 or AMX), so bf16 autocast would be emulated, several times slower than "
                          f"fp32, and fp16 autocast is slow on any CPU; mixed precision is off")
         else:
