@@ -147,6 +147,9 @@ def test_with_adaptive_accumulation_the_plan_splits_at_least_in_two_and_chooses_
     config.validate_for_run(device="cpu")
     again = Plan.from_dict(json.loads(json.dumps(result.to_dict())))
     assert again.goodput["k"] == good["k"] and again.rechoose().config == config
+    assert result.goodput_figure().axes[0].get_xlabel().startswith("k (micro-batches")
+    with pytest.raises(ValueError, match="adaptive_accumulation=True"):
+        _plan(ks=(1, 2)).goodput_figure()
     with pytest.raises(ValueError, match="k_max=1 is invalid"):
         _plan(adaptive_accumulation=True, k_max=1)
     with pytest.raises(ValueError, match=r"ks=\(1,\) is invalid: allowed at least one k >= 2"):

@@ -229,6 +229,42 @@ class Plan:
         ax.legend(fontsize=8)
         return ax.figure
 
+    def goodput_figure(self, ax=None):
+        """With adaptive accumulation: goodput, samples/s and statistical efficiency against k,
+        each relative to k_min's, with the goodput at the two ends of the noise scale's 95 %
+        interval as a band and the chosen k marked. Returns the matplotlib Figure."""
+        import matplotlib.pyplot as plt
+
+        if not self.goodput:
+            raise ValueError("goodput_figure() needs a plan made with adaptive_accumulation=True")
+        good = self.goodput
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 4.5))
+        ks = [row["k"] for row in good["rows"]]
+        first = good["rows"][0]
+        ax.plot(ks, [row["samples_per_s"] / first["samples_per_s"] for row in good["rows"]], "--", color="0.4",
+                label="samples/s (step-time model)")
+        ax.plot(ks, [row["statistical_efficiency"] for row in good["rows"]], ":", color="0.4",
+                label="statistical efficiency")
+        ax.plot(ks, [row["relative_goodput"] for row in good["rows"]], "o-", color="tab:blue", label="goodput")
+        noise = good["noise_scale"]
+        ends = [_goodput_choice({"k": good["k_min"], "candidate": good["measured_on"]},
+                                dict(noise, b_simple=value), optimizer_s=good["optimizer_s"], micro_s=good["micro_s"],
+                                batch_size=good["batch_size"], k_max=good["k_max"])["rows"]
+                for value in (noise["ci_low"], noise["ci_high"])]
+        low, high = ([min(a["relative_goodput"], b["relative_goodput"]) for a, b in zip(*ends)],
+                     [max(a["relative_goodput"], b["relative_goodput"]) for a, b in zip(*ends)])
+        ax.fill_between(ks, low, high, color="tab:blue", alpha=0.15,
+                        label=f"goodput over B_simple's 95 % interval ({_size(noise['ci_low'])}-{_size(noise['ci_high'])})")
+        chosen = next(row for row in good["rows"] if row["k"] == good["k"])
+        ax.scatter([good["k"]], [chosen["relative_goodput"]], s=200, facecolors="none", edgecolors="tab:red", lw=2,
+                   zorder=4, label=f"chosen: k = {good['k']}")
+        ax.set_xlabel(f"k (micro-batches of {good['micro_batch_size']:.3g} per optimizer step)")
+        ax.set_ylabel(f"relative to k = {good['k_min']}")
+        ax.set_title(f"Goodput by k (B_simple {_size(noise['b_simple'])} at the initial weights)", fontsize=10)
+        ax.legend(fontsize=8)
+        return ax.figure
+
 
 def pareto_front(rows: Sequence[dict]) -> list[dict]:
     """The rows no other row beats on both time (higher speedup) and peak memory, by memory."""
