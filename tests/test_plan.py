@@ -169,3 +169,49 @@ def test_goodput_grows_k_only_where_the_optimizer_step_is_worth_spreading():
     # without a measured micro-batch time it comes from the row: 0.001 s/sample * 64 - 1e-4, over k = 2
     derived = _goodput_choice(chosen, noise, optimizer_s=1e-4, micro_s=None, batch_size=64, k_max=8)
     assert derived["micro_s"] == pytest.approx((0.064 - 1e-4) / 2)
+
+
+class _ConstantPowerMeter:
+    """An energy counter reading a constant 50 W: energy = 50 J/s × the wall time measured."""
+
+    def __init__(self, device="cpu"):
+        self.energy_j, self.energy_source = None, "fake: 50 W constant"
+
+    def start(self):
+        import time
+
+        self._start = time.perf_counter()
+        return self
+
+    def stop(self):
+        import time
+
+        self.energy_j = 50.0 * (time.perf_counter() - self._start)
+        return self.energy_j, self.energy_source
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def test_where_a_counter_is_readable_energy_per_sample_is_measured_and_weighed(monkeypatch):
+    import trainopt_core.planner as planner
+
+    monkeypatch.setattr(planner, "EnergyMeter", _ConstantPowerMeter)
+    result = _plan(ks=(1, 2, 4), speed_options=False, weights=(1e-9, 0, 1))  # time must weigh something
+    measured = [row for row in result.rows if row["speedup"] is not None]
+    assert result.energy_source == "fake: 50 W constant" and "Energy: fake" in result.explain()
+    assert all(row["energy_j_per_sample"] > 0 for row in measured)
+    assert not any("Energy weight" in note for note in result.notes)
+    # energy alone decides: the chosen row has the lowest eq. 3 cost, i.e. the least energy per sample
+    feasible = [row for row in measured if row["feasible"]]
+    assert result.chosen["energy_j_per_sample"] == min(row["energy_j_per_sample"] for row in feasible)
+
+
+def test_without_a_counter_an_energy_weight_is_dropped_and_said():
+    result = _plan(ks=(1, 2), speed_options=False, weights=(1, 0, 1))
+    if result.energy_source is None:  # no readable RAPL/NVML counter on this machine
+        assert any(note.startswith("Energy weight 1.0 not used") for note in result.notes)
+        assert all(row["energy_j_per_sample"] is None for row in result.rows)
