@@ -328,9 +328,11 @@ torch.profiler over a few optimizer steps of each model (same code, data and eng
 runs): self time per training item by category -- convolution, matmul/attention,
 normalization, element-wise, optimizer (everything inside the optimizer update, clipping and
 loss-scale bookkeeping included), communication, other. CNN and transformer differ in which
-categories dominate.
+categories dominate. Like every timing, the profile is kept in `timing/` and shown again when
+the reports are rendered again on the same machine.
 """),
-    code('''ops = pd.concat([analysis.profile_operations(task, config, profile=profile, data_policy=data_policy)
+    code('''ops = pd.concat([analysis.profile_operations(task, config, profile=profile, data_policy=data_policy,
+                                            out_dir=paths.timing)
                  for task in tasks for config in ("baseline", "optimized")], ignore_index=True)
 publish_table(ops, paths, "op_categories", "Self time by operation category (torch.profiler)", records)
 display(publish_figure(figures.op_category_bars(ops, records), paths, "op_categories"))''', IGNORE),
@@ -367,10 +369,11 @@ The throughput gain is the optimized configuration without checkpointing over th
 recomputation overhead is timed directly (forward + backward with and without √L checkpointing,
 alternated); their ratio predicts the measured net throughput ratio of the optimized
 configuration. The forward share of a step bounds the overhead (eq. 20: about one extra forward).
+The overhead's timing is kept in `timing/` like the others.
 """),
     code('''rows = []
 for task in tasks:
-    overhead = analysis.measure_recompute_overhead(task, profile=profile, data_policy=data_policy)
+    overhead = analysis.measure_recompute_overhead(task, profile=profile, data_policy=data_policy, out_dir=paths.timing)
     rows.append({**analysis.eq21_decomposition(records, task, recompute_overhead=overhead["recompute_overhead"]),
                  "forward_share": overhead["forward_share"], "segments": overhead["segments"], "blocks": overhead["blocks"]})
 publish_table(pd.DataFrame(rows), paths, "eq21_decomposition", "Eq. 21 decomposition, measured", records)''', IGNORE),

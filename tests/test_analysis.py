@@ -304,3 +304,27 @@ def test_explorer_panel_redraws_its_prediction_when_a_control_changes(capsys):
     with_k8 = capsys.readouterr().out.split("memory: activations")[-1].split("\n")[0]
     # eq. 8: activations shrink with the micro-batch (effective batch / k)
     assert with_k2 and with_k8 and with_k2 != with_k8
+
+
+def test_op_profile_and_recompute_overhead_are_kept_and_shown_again_under_the_same_conditions(tmp_path):
+    import json
+
+    first = analysis.profile_operations("wikitext2", "baseline", profile="smoke", steps=1, warmup_steps=0,
+                                        out_dir=tmp_path)
+    kept = tmp_path / "op_profile__wikitext2__baseline.json"
+    record = json.loads(kept.read_text())
+    assert record["kind"] == "op_profile" and record["manifest"]["hardware"] and record["conditions"]["hardware"]
+    again = analysis.profile_operations("wikitext2", "baseline", profile="smoke", steps=1, warmup_steps=0,
+                                        out_dir=tmp_path)
+    assert again.equals(first)  # the kept timing, not a new draw of the noise
+    record["conditions"]["hardware"]["cpu_model"] = "another CPU"
+    kept.write_text(json.dumps(record))
+    remeasured = analysis.profile_operations("wikitext2", "baseline", profile="smoke", steps=1, warmup_steps=0,
+                                             out_dir=tmp_path)
+    assert list(remeasured.columns) == list(first.columns)
+    assert json.loads(kept.read_text())["conditions"]["hardware"]["cpu_model"] != "another CPU"
+
+    overhead = analysis.measure_recompute_overhead("wikitext2", profile="smoke", repeats=1, out_dir=tmp_path)
+    assert analysis.measure_recompute_overhead("wikitext2", profile="smoke", repeats=1, out_dir=tmp_path) == overhead
+    other = analysis.measure_recompute_overhead("wikitext2", profile="smoke", repeats=2, out_dir=tmp_path)
+    assert other["repeats"] == 2  # other settings: measured again

@@ -15,7 +15,7 @@ import pandas as pd
 from .results import load_records, resolve_reports_dir
 
 # Layout of one profile's folder under reports/.
-SUBDIRS = {"runs": "JSON run records", "timing": "interleaved throughput windows and scaling launches (JSON)",
+SUBDIRS = {"runs": "JSON run records", "timing": "interleaved throughput windows, scaling launches, operation profiles and recompute timings (JSON)",
            "tables": "CSV numbers + captioned Markdown",
            "figures": "PNG", "notebooks": "the executed notebooks"}
 

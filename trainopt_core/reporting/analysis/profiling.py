@@ -7,13 +7,19 @@
   to the innermost module type that saved them (Conv2d, BatchNorm2d, GPT2Attention, ...);
 - `measure_recompute_overhead`: step time with √L checkpointing over step time without, minus
   one (the recomputation overhead of eqs. 20-21), alternating the two to share noise.
+
+Both are timings: given `out_dir`, each is kept there as a record (with its manifest) and reused
+only when made under the same conditions and settings, like the throughput timing, so that
+rendering the reports again shows the same measurement instead of a new draw of the noise.
 """
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import time
 from collections import defaultdict
+from pathlib import Path
 from contextlib import nullcontext
 from typing import Callable, Iterable
 
@@ -24,7 +30,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ...checkpointing import apply_activation_checkpointing, remove_activation_checkpointing
 from ...config import OptimizationConfig
 from ...precision import autocast
+from ... import measure
 from ...reproduction.profiles import get_profile
+from ...reproduction.records import RECORD_SCHEMA, condition_differences, load_record, run_conditions, write_record
 from ...reproduction.runner import build_engine, resolve_config
 from ...reproduction.tasks import build_task
 
@@ -118,13 +126,43 @@ def _task_setup(task: str, config, *, profile: str, data_policy: str, data_dir, 
     return bundle, engine.model, engine, bundle.train_batches(micro, seed=seed), cfg, device
 
 
+def _kept(out_dir, name: str, kind: str, settings: dict, task: str, bundle, device, profile: str, data_policy: str):
+    """(path, conditions, the kept record made under them with `settings` or None); all None
+    without `out_dir`."""
+    if out_dir is None:
+        return None, None, None
+    path = Path(out_dir) / f"{name}.json"
+    conditions = run_conditions(device=device, backend="torch", world_size=1, data_source=bundle.data_source,
+                                data_policy=data_policy, profile_settings=get_profile(task, profile).to_dict())
+    existing = load_record(path)
+    if (existing is None or existing.get("kind") != kind or existing.get("settings") != settings
+            or condition_differences(existing, conditions)):
+        existing = None
+    return path, conditions, existing
+
+
+def _keep(path, conditions, kind: str, settings: dict, result, *, task: str, profile: str, device) -> None:
+    if path is not None:
+        write_record(path, dict(schema=RECORD_SCHEMA, status="complete", kind=kind, task=task, profile=profile,
+                                settings=settings, conditions=conditions, result=result,
+                                manifest=measure.run_manifest(profile=profile, device=device)))
+
+
 def profile_operations(task: str, config: str = "baseline", *, profile: str = "smoke", steps: int = 2,
                        warmup_steps: int = 1, data_policy: str = "auto", data_dir=None, device=None,
-                       seed: int = 0) -> pd.DataFrame:
+                       seed: int = 0, out_dir: str | os.PathLike | None = None) -> pd.DataFrame:
     """Self time by operation category over `steps` optimizer steps of `task` trained with
-    `config` under `profile` (same model, data and engine as `runner.run`)."""
+    `config` under `profile` (same model, data and engine as `runner.run`); kept in and reused
+    from ``<out_dir>/op_profile__<task>__<config>.json`` when `out_dir` is given."""
     bundle, model, engine, batches, cfg, device = _task_setup(
         task, config, profile=profile, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
+    settings = dict(config=cfg.computation_fields(), steps=steps, warmup_steps=warmup_steps, seed=seed)
+    name = f"op_profile__{task}__{str(config).replace('+', 'plus_').replace('-', 'minus_')}"
+    path, conditions, kept = _kept(out_dir, name, "op_profile", settings, task, bundle, device, profile,
+                                   data_policy)
+    if kept is not None:
+        engine.close()
+        return pd.DataFrame(kept["result"])
 
     def one_step() -> int:
         items = 0
@@ -146,6 +184,7 @@ def profile_operations(task: str, config: str = "baseline", *, profile: str = "s
         engine.close()
     frame.insert(0, "config", cfg.name)
     frame.insert(0, "task", task)
+    _keep(path, conditions, "op_profile", settings, frame.to_dict("records"), task=task, profile=profile, device=device)
     return frame
 
 
@@ -229,18 +268,26 @@ def time_forward_backward_s(model: torch.nn.Module, loss_of: Callable[[object], 
 
 def measure_recompute_overhead(task: str, *, config: str = "+lr_schedule", segments="sqrt", profile: str = "smoke",
                                repeats: int = 5, batches_per_repeat: int = 2, data_policy: str = "auto",
-                               data_dir=None, device=None, seed: int = 0) -> dict:
+                               data_dir=None, device=None, seed: int = 0,
+                               out_dir: str | os.PathLike | None = None) -> dict:
     """Recomputation overhead of √L activation checkpointing, timed directly: the median
     forward+backward time with checkpointing over the median without, minus one, on the same
     model, micro-batches and precision (`config` without checkpointing). Also reports the
     forward share of a plain step -- eq. 20's bound: recomputing every checkpointed block once
-    costs about one extra forward."""
+    costs about one extra forward. Kept in and reused from
+    ``<out_dir>/recompute_overhead__<task>.json`` when `out_dir` is given."""
     if not isinstance(repeats, int) or repeats < 1:
         _fail("repeats", repeats, "an integer >= 1")
     plain = OptimizationConfig.preset(config).replace(checkpointing=None) if isinstance(config, str) else config
     bundle, model, engine, batches, cfg, device = _task_setup(
         task, plain, profile=profile, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
     engine.close()
+    settings = dict(config=cfg.computation_fields(), segments=segments, repeats=repeats,
+                    batches_per_repeat=batches_per_repeat, seed=seed)
+    path, conditions, kept = _kept(out_dir, f"recompute_overhead__{task}", "recompute_overhead", settings, task,
+                                   bundle, device, profile, data_policy)
+    if kept is not None:
+        return kept["result"]
     fixed = [next(batches) for _ in range(batches_per_repeat)]
 
     def loss_of(batch):
@@ -256,7 +303,9 @@ def measure_recompute_overhead(task: str, *, config: str = "+lr_schedule", segme
         checkpointed_s.append(time_forward_backward_s(model, loss_of, fixed, precision=cfg.precision, device=device)[1])
         remove_activation_checkpointing(model)
     step_plain, step_cp = statistics.median(plain_s), statistics.median(checkpointed_s)
-    return dict(task=task, precision=cfg.precision, blocks=plan.num_blocks, segments=plan.segments,
-                step_s_plain=step_plain / batches_per_repeat, step_s_checkpointed=step_cp / batches_per_repeat,
-                recompute_overhead=step_cp / step_plain - 1,
-                forward_share=statistics.median(forward_s) / step_plain, repeats=repeats)
+    result = dict(task=task, precision=cfg.precision, blocks=plan.num_blocks, segments=plan.segments,
+                  step_s_plain=step_plain / batches_per_repeat, step_s_checkpointed=step_cp / batches_per_repeat,
+                  recompute_overhead=step_cp / step_plain - 1,
+                  forward_share=statistics.median(forward_s) / step_plain, repeats=repeats)
+    _keep(path, conditions, "recompute_overhead", settings, result, task=task, profile=profile, device=device)
+    return result
