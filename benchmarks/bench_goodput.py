@@ -16,17 +16,13 @@ beside the model's.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
-import json
 import sys
-import time
-import warnings
 
+import bench_plan  # the shared command line (this folder is on sys.path when run as a script)
 import torch
 
-from trainopt_core import measure
 from trainopt_core.measure.stats import paired_ratio
 from trainopt_core.measure.timing import interleaved_windows
 from trainopt_core.planner import _candidate_of, _Trial
@@ -90,30 +86,7 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--profile", default="quick", choices=("smoke", "quick", "paper"))
-    parser.add_argument("--tasks", default="cifar10,wikitext2")
-    parser.add_argument("--windows", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--json", default=None, help="also write the measurements and plans here")
-    parser.add_argument("--progress", action="store_true")
-    args = parser.parse_args(argv)
-    warnings.simplefilter("ignore")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    hardware = measure.run_manifest()["hardware"]
-    print(f"machine: {hardware}; device {device}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    started = time.perf_counter()
-    results = {"hardware": hardware, "device": str(device), "torch": torch.__version__,
-               "manifest": measure.run_manifest(profile=args.profile, device=device),
-               "tasks": [bench_task(task, args.profile, device, args.windows, args.steps, args.progress)
-                         for task in args.tasks.split(",")]}
-    results["wall_s"] = time.perf_counter() - started
-    print(f"\nbenchmark took {results['wall_s']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
-    return 0
+    return bench_plan.main(argv, description=__doc__.split("\n")[0], bench=bench_task, default_steps=2)
 
 
 if __name__ == "__main__":

@@ -131,12 +131,15 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
     return results
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None, *, description: str | None = None, bench=None, default_steps: int = 3) -> int:
+    """The command line of a plan benchmark: per task `bench(task, profile, device, windows,
+    steps, progress)`, then the timing and an optional JSON file (bench_goodput.py uses it too)."""
+    bench = bench or bench_task
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n")[0])
     parser.add_argument("--profile", default="quick", choices=("smoke", "quick", "paper"))
     parser.add_argument("--tasks", default="cifar10,wikitext2")
     parser.add_argument("--windows", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=default_steps)
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--json", default=None, help="also write the measurements and plans here")
     parser.add_argument("--progress", action="store_true")
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     results = {"hardware": hardware, "device": str(device), "torch": torch.__version__,
                "manifest": measure.run_manifest(profile=args.profile, device=device),
-               "tasks": [bench_task(task, args.profile, device, args.windows, args.steps, args.progress)
+               "tasks": [bench(task, args.profile, device, args.windows, args.steps, args.progress)
                          for task in args.tasks.split(",")]}
     results["wall_s"] = time.perf_counter() - started
     print(f"\nbenchmark took {results['wall_s']:.0f} s")
