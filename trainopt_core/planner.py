@@ -332,11 +332,14 @@ class _Trial:
             self.model.train(training)
         return sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
 
+    def _backward(self, micro) -> None:
+        loss, items = self._loss(micro)
+        self.engine.backward(loss, num_items=items)
+
     def step(self) -> float:
         """One optimizer step over the whole probe batch; returns the samples it processed."""
         for micro in self.micro:
-            loss, items = self._loss(micro)
-            self.engine.backward(loss, num_items=items)
+            self._backward(micro)
             self.engine.step()
         return float(self.size)
 
@@ -345,11 +348,9 @@ class _Trial:
         the boundary -- unscale, clip, optimizer update, zero_grad)."""
         with Timer(device) as whole:
             for micro in self.micro[:-1]:
-                loss, items = self._loss(micro)
-                self.engine.backward(loss, num_items=items)
-                self.engine.step()
-            loss, items = self._loss(self.micro[-1])
-            self.engine.backward(loss, num_items=items)
+                self._backward(micro)
+                self.engine.step()  # not a boundary: returns at once
+            self._backward(self.micro[-1])
             with Timer(device) as boundary:
                 self.engine.step()
         return whole.elapsed_s - boundary.elapsed_s, boundary.elapsed_s

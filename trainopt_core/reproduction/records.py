@@ -19,13 +19,18 @@ from pathlib import Path
 import torch
 
 from ..config import OptimizationConfig, computation_part
-from ..measure import hardware_fingerprint
+from ..measure import hardware_fingerprint, run_manifest
 
 RECORD_SCHEMA = 2  # 2: conditions, samples/steps to target, wall-clock time to target kept beside
 
 
+def file_stem(config_name: str) -> str:
+    """A configuration's name as it appears in file names ("+zero2" -> "plus_zero2")."""
+    return config_name.replace('+', 'plus_').replace('-', 'minus_').replace(' ', '_')
+
+
 def record_path(out_dir: Path, task: str, cfg: OptimizationConfig, profile: str, seed: int) -> Path:
-    return Path(out_dir) / f"{task}__{cfg.name.replace('+', 'plus_').replace('-', 'minus_').replace(' ', '_')}__{profile}__{cfg.config_hash()}__seed{seed}.json"
+    return Path(out_dir) / f"{task}__{file_stem(cfg.name)}__{profile}__{cfg.config_hash()}__seed{seed}.json"
 
 
 def load_record(path: Path) -> dict | None:
@@ -88,6 +93,24 @@ def quality_hash(cfg: OptimizationConfig, *, world_size: int, backend: str, devi
     if device_type != "cpu" or world_size != 1 or backend != "torch":
         return None
     return computation_hash(cfg.replace(checkpointing=None, checkpoint_policy="full"), world_size=world_size, backend=backend)
+
+
+def kept_record(path: Path, *, kind: str, settings: dict, conditions: dict, ignore_settings=()) -> dict | None:
+    """The finished measurement of `kind` at `path` when it was made with `settings` under
+    `conditions` (`condition_differences`), else None: what a timing kept beside the runs is
+    reused by."""
+    record = load_record(path)
+    if (record is None or record.get("kind") != kind or record.get("settings") != as_json(settings)
+            or condition_differences(record, conditions, ignore_settings=ignore_settings)):
+        return None
+    return record
+
+
+def keep_record(path: Path, *, kind: str, settings: dict, conditions: dict, profile: str, device, **fields) -> None:
+    """Write a finished measurement of `kind` (`fields`: what it measured) with its settings,
+    conditions and manifest, for `kept_record` to find."""
+    write_record(path, dict(schema=RECORD_SCHEMA, status="complete", kind=kind, profile=profile, settings=settings,
+                            conditions=conditions, **fields, manifest=run_manifest(profile=profile, device=device)))
 
 
 def write_record(path: Path, record: dict) -> None:

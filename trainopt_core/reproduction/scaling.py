@@ -24,7 +24,6 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..distributed import run_processes
-from .records import RECORD_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -146,7 +145,7 @@ def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("
     """
     from .. import measure
     from .profiles import TIMING_ONLY_SETTINGS, get_profile
-    from .records import condition_differences, load_record, run_conditions, write_record
+    from .records import keep_record, kept_record, run_conditions
     from .tasks import build_task
 
     if world_sizes is None:
@@ -166,9 +165,9 @@ def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("
         source = build_task(prof, data_policy=data_policy, data_dir=None, device=torch.device("cpu"), seed=seed).data_source
         conditions = run_conditions(device=device, backend="torch", world_size=max(world_sizes), data_source=source,
                                     data_policy=data_policy, profile_settings=prof.to_dict())
-        existing = None if rerun else load_record(path)
-        if (existing is not None and existing.get("settings") == settings
-                and not condition_differences(existing, conditions, ignore_settings=TIMING_ONLY_SETTINGS)):
+        existing = None if rerun else kept_record(path, kind="scaling", settings=settings, conditions=conditions,
+                                                  ignore_settings=TIMING_ONLY_SETTINGS)
+        if existing is not None:
             return existing["rows"]
     per_round: dict[int, list[dict]] = {n: [] for n in world_sizes}  # n -> [{config: [global items/s]}]
     first, comm_model = {}, None
@@ -225,9 +224,8 @@ def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("
                                  precision=info["precision"], source=f"modelled: ring all-reduce, {comm_model.source}",
                                  bandwidth_bytes_per_s=comm_model.bandwidth_bytes_per_s, latency_s=comm_model.latency_s))
     if path is not None:
-        write_record(path, dict(schema=RECORD_SCHEMA, status="complete", kind="scaling", task=task, profile=profile,
-                                settings=settings, conditions=conditions, rows=rows,
-                                manifest=measure.run_manifest(profile=profile, device=device)))
+        keep_record(path, kind="scaling", settings=settings, conditions=conditions, profile=profile, device=device,
+                    task=task, rows=rows)
     return rows
 
 

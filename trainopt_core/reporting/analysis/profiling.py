@@ -19,8 +19,8 @@ import re
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Callable, Iterable
 
 import pandas as pd
@@ -30,9 +30,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ...checkpointing import apply_activation_checkpointing, remove_activation_checkpointing
 from ...config import OptimizationConfig
 from ...precision import autocast
-from ... import measure
 from ...reproduction.profiles import get_profile
-from ...reproduction.records import RECORD_SCHEMA, condition_differences, load_record, run_conditions, write_record
+from ...reproduction.records import file_stem, keep_record, kept_record, run_conditions
 from ...reproduction.runner import build_engine, resolve_config
 from ...reproduction.tasks import build_task
 
@@ -127,25 +126,20 @@ def _task_setup(task: str, config, *, profile: str, data_policy: str, data_dir, 
 
 
 def _kept(out_dir, name: str, kind: str, settings: dict, task: str, bundle, device, profile: str, data_policy: str):
-    """(path, conditions, the kept record made under them with `settings` or None); all None
+    """(path, conditions, the record kept there under them with `settings` or None); all None
     without `out_dir`."""
     if out_dir is None:
         return None, None, None
     path = Path(out_dir) / f"{name}.json"
     conditions = run_conditions(device=device, backend="torch", world_size=1, data_source=bundle.data_source,
                                 data_policy=data_policy, profile_settings=get_profile(task, profile).to_dict())
-    existing = load_record(path)
-    if (existing is None or existing.get("kind") != kind or existing.get("settings") != settings
-            or condition_differences(existing, conditions)):
-        existing = None
-    return path, conditions, existing
+    return path, conditions, kept_record(path, kind=kind, settings=settings, conditions=conditions)
 
 
 def _keep(path, conditions, kind: str, settings: dict, result, *, task: str, profile: str, device) -> None:
     if path is not None:
-        write_record(path, dict(schema=RECORD_SCHEMA, status="complete", kind=kind, task=task, profile=profile,
-                                settings=settings, conditions=conditions, result=result,
-                                manifest=measure.run_manifest(profile=profile, device=device)))
+        keep_record(path, kind=kind, settings=settings, conditions=conditions, profile=profile, device=device,
+                    task=task, result=result)
 
 
 def profile_operations(task: str, config: str = "baseline", *, profile: str = "smoke", steps: int = 2,
@@ -157,7 +151,7 @@ def profile_operations(task: str, config: str = "baseline", *, profile: str = "s
     bundle, model, engine, batches, cfg, device = _task_setup(
         task, config, profile=profile, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
     settings = dict(config=cfg.computation_fields(), steps=steps, warmup_steps=warmup_steps, seed=seed)
-    name = f"op_profile__{task}__{str(config).replace('+', 'plus_').replace('-', 'minus_')}"
+    name = f"op_profile__{task}__{file_stem(str(config))}"
     path, conditions, kept = _kept(out_dir, name, "op_profile", settings, task, bundle, device, profile,
                                    data_policy)
     if kept is not None:
