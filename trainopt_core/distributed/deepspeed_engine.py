@@ -156,6 +156,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     `ds_engine` the DeepSpeed engine, `ds_config` the config it was built from, and
     `zero_bucket_sizes` the ZeRO reduce/allgather bucket sizes in elements
     ({"reduce_bucket_size": n, "allgather_bucket_size": n}; None at stage 0, which has none).
+    In fp16/bf16 DeepSpeed casts the parameters only; the BatchNorm running statistics are cast
+    to their weights' dtype as well (`batch_norm_stats_cast`: how many modules), or batch_norm
+    refuses the mix.
     fp16: a loss scale collapsed at DeepSpeed's floor (`DEEPSPEED_MIN_LOSS_SCALE`) raises
     RuntimeError as in the torch-native engine.
     """
@@ -204,6 +207,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             if "reduce_bucket_size" in zero:
                 self.zero_bucket_sizes = {key: zero[key] for key in ("reduce_bucket_size", "allgather_bucket_size")}
             self.ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
+            self.batch_norm_stats_cast = _match_batch_norm_stats_to_weights(model)
             self.model = self.ds_engine
             # DeepSpeed's forward arms its backward (ZeRO's per-step hook state and the output hooks
             # that run its backward prologue); a forward on the bare module would skip that.
@@ -432,6 +436,27 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if self._owns_process_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
             self._owns_process_group = False
+
+
+def _match_batch_norm_stats_to_weights(model: torch.nn.Module) -> int:
+    """Hold each BatchNorm's running statistics in its weights' dtype; returns how many modules changed.
+
+    DeepSpeed's fp16/bf16 casts parameters but keeps buffers in their dtype (its
+    data_types.buffer_dtype would cast every buffer of the model). A BatchNorm then holds bf16
+    weights beside fp32 running statistics, which torch's batch_norm refuses ("expected scalar
+    type BFloat16 but found Float") in the first training forward and in evaluation. Casting
+    the statistics is what `module.bfloat16()` does to a whole torch module.
+    """
+    changed = 0
+    for module in model.modules():
+        if not isinstance(module, torch.nn.modules.batchnorm._NormBase) or module.weight is None:
+            continue
+        stats = [name for name in ("running_mean", "running_var")
+                 if getattr(module, name, None) is not None and getattr(module, name).dtype != module.weight.dtype]
+        for name in stats:
+            getattr(module, name).data = getattr(module, name).data.to(module.weight.dtype)
+        changed += bool(stats)
+    return changed
 
 
 def _ensure_process_group(device: torch.device, world_size: int) -> bool:
