@@ -2,6 +2,7 @@ import importlib.metadata
 import json
 import math
 import socket
+import subprocess
 import sys
 import time
 
@@ -267,6 +268,25 @@ def test_run_manifest_records_hardware_versions_and_git_but_no_host_name():
     host = socket.gethostname()
     if len(host) > 4:
         assert host not in text
+
+
+def test_manifest_dirty_flag_ignores_the_reports_being_rewritten(tmp_path):
+    from trainopt_core.measure.manifest import OUTPUT_DIR, _git_state
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / OUTPUT_DIR).mkdir()
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / OUTPUT_DIR / "table.md").write_text("| a |\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    assert _git_state(tmp_path)["dirty"] is False
+    (tmp_path / OUTPUT_DIR / "table.md").write_text("| b |\n")  # a reproduction writing its tables
+    assert _git_state(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    state = _git_state(tmp_path)
+    assert state["dirty"] is True and len(state["commit"]) == 40
 
 
 # ----------------------------------------------------------------------------- cost (eq. 3)

@@ -81,14 +81,19 @@ def _ram_bytes() -> int | None:
     return None
 
 
-def _git_state() -> dict:
-    checkout = Path(__file__).resolve().parents[2]  # trainopt_core/measure/ -> the checkout
+# The checkout's output folder: files there change while a reproduction writes its reports.
+OUTPUT_DIR = "reports"
+
+
+def _git_state(checkout: Path | None = None) -> dict:
+    checkout = checkout or Path(__file__).resolve().parents[2]  # trainopt_core/measure/ -> the checkout
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
             return {"commit": None, "dirty": None}
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=checkout,
-                                capture_output=True, text=True, timeout=30)
+        # reports/ holds outputs, rewritten while a reproduction runs: not a change to the code
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                 f":(exclude){OUTPUT_DIR}"], cwd=checkout, capture_output=True, text=True, timeout=30)
         return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
@@ -135,7 +140,8 @@ def run_manifest(profile: str | None = None, device: torch.device | str | None =
     """Hardware, library versions, git commit and UTC date of this run (no host name).
 
     git: the commit of this package's checkout (`git rev-parse HEAD`) and whether tracked files
-    differ from it (`dirty`; untracked files are ignored); both None outside a git checkout.
+    differ from it (`dirty`; untracked files and the outputs under reports/ are ignored); both
+    None outside a git checkout.
 
     `profile`, `device` and any further keyword fields (seed, data source, config...) are
     recorded as given, so the caller's run record keeps them beside the environment.
