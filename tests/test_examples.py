@@ -185,17 +185,22 @@ def test_adaptive_k_moves_within_its_bounds_and_runs_to_the_samples_asked(capsys
     assert ITERS * 16 // 32 <= engine.optimizer_steps == len(run["losses"]) < ITERS * 16 // 8
 
 
-def test_ddp_on_two_processes_takes_the_steps_of_one(plain, plain_norms, tmp_path):
-    script = tmp_path / "feature_ddp.py"  # the example, printing each step's gradient norm on rank 0
-    script.write_text(with_lines_after("feature_ddp.py", "engine.step()",
+@pytest.mark.parametrize("name", ["feature_ddp.py", "feature_zero.py"])
+def test_data_parallel_on_two_processes_takes_the_steps_of_one(name, plain, plain_norms, tmp_path):
+    if name == "feature_zero.py":
+        pytest.importorskip("deepspeed")
+    script = tmp_path / name  # the example, printing each step's gradient norm on rank 0
+    script.write_text(with_lines_after(name, "engine.step()",
                                        "print('grad norm', float(engine.last_grad_norm)) if dist.rank == 0 else None"))
-    out = tmp_path / "ddp.json"
+    out = tmp_path / "losses.json"
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script),
          "--max-iters", str(ITERS), "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(EXAMPLES)])})
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(EXAMPLES)]), "DS_ACCELERATOR": "cpu"})
     assert result.returncode == 0, result.stderr[-3000:]
+    if name == "feature_zero.py":
+        assert "ZeRO-2 over 2 processes (optimizer state and gradients partitioned)" in result.stdout
     assert len(json.loads(out.read_text())["losses"]) == ITERS
     norms = [float(line.split()[-1]) for line in result.stdout.splitlines() if line.startswith("grad norm")]
     # each process's half of every batch, all-reduced: the whole batch's gradient (a missing
