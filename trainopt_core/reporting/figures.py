@@ -8,7 +8,6 @@ it once and tests need no display). Every title names the data that really ran -
 from __future__ import annotations
 
 import math
-import statistics
 import os
 import textwrap
 from pathlib import Path
@@ -18,7 +17,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .results import aggregate
+from .results import aggregate, timed_speed
 
 STYLE = "whitegrid"
 
@@ -94,7 +93,7 @@ def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
         times = [h["time_s"] for h in r["history"]]
         style = dict(ls="-")
         if None in times:  # its curve is another run's (runner: checkpointing twins), without that run's clock
-            speed = statistics.median((r.get("timing") or {}).get("samples_per_s") or [math.nan])
+            speed = timed_speed(r)
             if not speed > 0:
                 unclocked.setdefault(r["config_name"], r.get("quality_from"))
                 continue

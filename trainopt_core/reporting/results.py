@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -31,6 +32,12 @@ DETERMINISTIC = ("peak_memory_bytes",)
 
 
 # ------------------------------------------------------------------ paths and loading
+def timed_speed(record: dict | None) -> float:
+    """Median samples/s of a record's interleaved timing windows; nan when it has none (a run
+    whose curve is another run's has no clock of its own, only this)."""
+    return statistics.median(((record or {}).get("timing") or {}).get("samples_per_s") or [math.nan])
+
+
 def resolve_reports_dir(reports_dir: str | os.PathLike) -> Path:
     """The reports root. A relative path is taken relative to the ``notebooks/`` folder (the
     notebooks' parameter ``"../reports"``), whether the kernel runs there or in the repo root."""

@@ -82,6 +82,16 @@ def computation_hash(cfg: OptimizationConfig, *, world_size: int, backend: str) 
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def same_computation_notes(own_notes, measured: dict, *, zero_stage: int, measured_zero_stage: int,
+                           source: str) -> list[str]:
+    """The notes of a result borrowed from the measurement of another configuration that computes
+    the same (`computation_hash`): `own_notes` the measurement lacks, its notes, then why the two
+    are one (`source`, e.g. "timed as '+zero2'", names the measurement)."""
+    why = (f"on one process with the torch engine ZeRO-{zero_stage} partitions nothing, so both compute exactly the same"
+           if zero_stage != measured_zero_stage else "the same computation under another name")
+    return [*[n for n in own_notes if n not in measured["notes"]], *measured["notes"], f"{source}: {why}"]
+
+
 def quality_hash(cfg: OptimizationConfig, *, world_size: int, backend: str, device_type: str) -> str | None:
     """What a run's quality curve depends on: its computation (`computation_hash`) without its
     activation checkpointing. Checkpointing recomputes the same values in backward (dropout

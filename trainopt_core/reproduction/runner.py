@@ -37,7 +37,7 @@ from . import autoplan, resume
 from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
 from .records import (
     RECORD_SCHEMA, computation_hash, condition_differences, load_record, quality_hash, record_path, run_conditions,
-    write_record,
+    same_computation_notes, write_record,
 )
 from .tasks import Task, build_task
 
@@ -528,10 +528,9 @@ def _as_twin_of(twin: dict, cfg: OptimizationConfig, *, resolved_notes=()) -> di
     notes of resolving `cfg` (on a CPU without bf16, +mixed_precision runs fp32: +accumulation's run)."""
     record = dict(twin, config_name=cfg.name, config=cfg.to_dict(), config_hash=cfg.config_hash(),
                   computed_as=twin["config_name"])
-    why = (f"on one process with the torch engine ZeRO-{cfg.zero_stage} partitions nothing, so both train bit-identically"
-           if twin.get("config", {}).get("zero_stage", 0) != cfg.zero_stage else "the same computation under another name")
-    record["notes"] = [*[n for n in resolved_notes if n not in twin["notes"]], *twin["notes"],
-                       f"measured by the run of {twin['config_name']!r}: {why}"]
+    record["notes"] = same_computation_notes(resolved_notes, twin, zero_stage=cfg.zero_stage,
+                                             measured_zero_stage=twin.get("config", {}).get("zero_stage", 0),
+                                             source=f"measured by the run of {twin['config_name']!r}")
     return record
 
 

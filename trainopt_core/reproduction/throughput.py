@@ -26,7 +26,8 @@ from .. import measure
 from ..distributed import find_free_port
 from .autoplan import plans_dir_for
 from .profiles import get_profile
-from .records import RECORD_SCHEMA, computation_hash, condition_differences, load_record, run_conditions, write_record
+from .records import (RECORD_SCHEMA, computation_hash, condition_differences, load_record, run_conditions,
+                      same_computation_notes, write_record)
 from .runner import build_engine, one_optimizer_step, resolve_config
 from .tasks import build_task
 
@@ -125,11 +126,9 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
     for name, timed in twin_of.items():
         if name != timed:
             (cfg, notes), timed_cfg = resolved[name], resolved[timed][0]
-            why = ("on one process with the torch engine ZeRO partitions nothing, so both compute exactly the same"
-                   if cfg.zero_stage != timed_cfg.zero_stage else "both compute exactly the same here")
-            results[name] = dict(results[timed], timed_as=timed, config_hash=hashes[name], notes=[
-                *[n for n in notes if n not in results[timed]["notes"]], *results[timed]["notes"],
-                f"timed as {timed!r}: {why}"])
+            results[name] = dict(results[timed], timed_as=timed, config_hash=hashes[name], notes=same_computation_notes(
+                notes, results[timed], zero_stage=cfg.zero_stage, measured_zero_stage=timed_cfg.zero_stage,
+                source=f"timed as {timed!r}"))
     record = dict(
         schema=RECORD_SCHEMA, status="complete", kind=TIMING_KIND, task=task, profile=profile, seed=seed,
         configs=configs, conditions=conditions, windows=windows, seeds=seeds,

@@ -25,7 +25,7 @@ from ...config import COMPONENTS
 from ...measure import time_to_target
 from ...reproduction.calibrate import mean_curve
 from ..figures import memory_breakdown_frame
-from ..results import aggregate, paper_claims
+from ..results import aggregate, paper_claims, timed_speed
 from ..verdicts import relative_change
 
 PHASES = ("early", "middle", "late")
@@ -73,7 +73,7 @@ def with_borrowed_clock(record: dict, records: list[dict]) -> dict:
     source = record["quality_from"]
     twin = next((r for r in records if r["task"] == record["task"] and r.get("seed") == record.get("seed")
                  and source in (r["config_name"], r.get("computed_as")) and _clocked(r)), None)
-    speeds = [np.median((r or {}).get("timing", {}).get("samples_per_s") or [math.nan]) for r in (twin, record)]
+    speeds = [timed_speed(r) for r in (twin, record)]
     if twin is None or not all(speed > 0 for speed in speeds) or \
             [s["samples_consumed"] for s in twin["steps"]] != [s["samples_consumed"] for s in record["steps"]]:
         return record
