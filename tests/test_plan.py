@@ -171,6 +171,35 @@ def test_goodput_grows_k_only_where_the_optimizer_step_is_worth_spreading():
     assert derived["micro_s"] == pytest.approx((0.064 - 1e-4) / 2)
 
 
+def _timed_row(name, k, speedup, low, high, peak=100.0):
+    return {"candidate": name, "precision": "fp32", "k": k, "peak_memory_bytes": peak, "speedup": speedup,
+            "speedup_ci_low": low, "speedup_ci_high": high, "energy_j_per_sample": None, "rejected_because": None,
+            "feasible": False}
+
+
+def test_a_candidate_that_loses_only_within_the_timing_noise_is_said_to():
+    from trainopt_core.planner import _choose
+
+    rows = [_timed_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _timed_row("fp32, k=2", 2, 1.30, 1.20, 1.40),
+            _timed_row("fp32, k=4", 4, 1.25, 1.15, 1.35), _timed_row("fp32, k=8", 8, 1.10, 1.05, 1.12)]
+    notes = _choose(rows, None, (1.0, 0.0, 0.0))
+    by_name = {row["candidate"]: row for row in rows}
+    assert by_name["fp32, k=2"]["chosen"]
+    assert by_name["fp32, k=2"]["cost_ci_low"] == pytest.approx(1 / 1.40)
+    assert by_name["fp32, k=2"]["cost_ci_high"] == pytest.approx(1 / 1.20)
+    # k=4's cost interval [0.741, 0.870] overlaps k=2's [0.714, 0.833]; k=8's [0.893, 0.952] and the
+    # baseline's [1, 1] do not
+    assert "within the timing noise: 95 % intervals 0.741-0.870 vs 0.714-0.833 overlap" in by_name["fp32, k=4"]["rejected_because"]
+    assert "noise" not in by_name["fp32, k=8"]["rejected_because"] and "noise" not in by_name["fp32, k=1"]["rejected_because"]
+    assert notes == ["Within the timing noise of the choice (eq. 3 cost intervals overlap): 'fp32, k=4'; a plan made "
+                     "again may choose one of them."]
+    # a choice whose interval reaches 1x is within the noise of the baseline itself
+    rows = [_timed_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _timed_row("fp32, k=2", 2, 1.26, 0.90, 1.57)]
+    notes = _choose(rows, None, (1.0, 0.0, 0.0))
+    assert "within the timing noise" in rows[0]["rejected_because"] and "'fp32, k=1';" in notes[0]
+    assert notes[1] == "The choice's speedup interval (0.90-1.57) reaches 1x: this timing cannot tell it from the fp32 baseline."
+
+
 class _ConstantPowerMeter:
     """An energy counter reading a constant 50 W: energy = 50 J/s × the wall time measured."""
 

@@ -396,7 +396,7 @@ class _Search:
                 "candidate": candidate.name, **dataclasses.asdict(candidate), "predicted_memory_bytes": None,
                 "peak_memory_bytes": None, "loss_rel_diff": None, "seconds_per_sample": None, "speedup": None,
                 "speedup_ci_low": None, "speedup_ci_high": None, "energy_j_per_sample": None, "feasible": False,
-                "rejected_because": None}
+                "cost": None, "cost_ci_low": None, "cost_ci_high": None, "rejected_because": None}
             if self.calibration is not None:
                 row["predicted_memory_bytes"] = predicted = _predict(self.calibration, candidate, self.size)
                 if self.budget is not None and predicted > PRUNE_MARGIN * self.budget:
@@ -658,10 +658,21 @@ def _best(search: _Search, *, weights, min_k: int = 1) -> Candidate | None:
 
 def _measured_part(row: dict) -> dict:
     """A row without what `_choose` decides (so a choice can be made again)."""
-    out = dict(row, feasible=False, chosen=False, cost=None)
+    out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None)
     if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality")):
         out["rejected_because"] = None
     return out
+
+
+def _cost_interval(row: dict) -> str:
+    return f"{row['cost_ci_low']:.3f}-{row['cost_ci_high']:.3f}"
+
+
+def _cost_intervals_overlap(row: dict, best: dict) -> bool:
+    """Whether two rows' eq. 3 cost intervals (from their speedups' 95 % intervals) overlap."""
+    if any(r.get(end) is None for r in (row, best) for end in ("cost_ci_low", "cost_ci_high")):
+        return False
+    return row["cost_ci_low"] <= best["cost_ci_high"] and best["cost_ci_low"] <= row["cost_ci_high"]
 
 
 def _baseline_row(rows) -> dict:
@@ -748,15 +759,32 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int =
     with_energy = all(row["energy_j_per_sample"] is not None for row in feasible + [base])
     reference = {"time_to_target_s": 1.0, "peak_memory_bytes": base["peak_memory_bytes"],
                  "energy_j": base["energy_j_per_sample"] if with_energy else None}
+
+    def eq3(row: dict, speedup: float) -> float:
+        return cost(1.0 / speedup, row["peak_memory_bytes"], row["energy_j_per_sample"] if with_energy else None,
+                    baseline=reference, weights=weights)["cost"]
+
     for row in feasible:
-        row["cost"] = cost(1.0 / row["speedup"], row["peak_memory_bytes"],
-                           row["energy_j_per_sample"] if with_energy else None, baseline=reference,
-                           weights=weights)["cost"]
+        row["cost"] = eq3(row, row["speedup"])
+        ends = (row["speedup_ci_low"], row["speedup_ci_high"])
+        if all(end is not None and end > 0 for end in ends):  # the speedup's 95 % interval, as cost
+            row["cost_ci_low"], row["cost_ci_high"] = sorted(eq3(row, end) for end in ends)
     best = min(feasible, key=lambda row: row["cost"])
     best["chosen"] = True
+    within_noise = []
     for row in feasible:
         if row is not best:
             row["rejected_because"] = f"higher eq. 3 cost ({row['cost']:.3f} vs {best['cost']:.3f})"
+            if _cost_intervals_overlap(row, best):
+                row["rejected_because"] += (f"; within the timing noise: 95 % intervals {_cost_interval(row)} vs "
+                                            f"{_cost_interval(best)} overlap")
+                within_noise.append(row["candidate"])
+    if within_noise:
+        notes.append("Within the timing noise of the choice (eq. 3 cost intervals overlap): "
+                     f"{'; '.join(repr(name) for name in within_noise)}; a plan made again may choose one of them.")
+    if base in feasible and base is not best and base["candidate"] in within_noise:
+        notes.append(f"The choice's speedup interval ({_interval(best)}) reaches 1x: this timing cannot tell it "
+                     "from the fp32 baseline.")
     if best["speedup"] < 1.0 and not forced_by_k:
         notes.append(f"The chosen configuration runs at {best['speedup']:.2f}x the fp32 baseline's speed: "
                      "the budget forces it.")

@@ -28,7 +28,8 @@ def load_plans(plans_dir: str | os.PathLike, tasks) -> dict[str, Plan]:
 
 def plan_frame(plan: Plan) -> pd.DataFrame:
     """Every candidate of `plan`, one row each (numbers; `format_plan_table` for reading)."""
-    columns = ["candidate", "chosen", "feasible", "speedup", "speedup_ci_low", "speedup_ci_high", "seconds_per_sample",
+    columns = ["candidate", "chosen", "feasible", "speedup", "speedup_ci_low", "speedup_ci_high", "cost", "cost_ci_low",
+               "cost_ci_high", "seconds_per_sample",
                "peak_memory_bytes", "predicted_memory_bytes", "energy_j_per_sample", "loss_rel_diff", "rejected_because"]
     return pd.DataFrame([{column: row.get(column) for column in columns} for row in plan.rows], columns=columns)
 
