@@ -41,6 +41,12 @@ def test_without_a_budget_the_plan_is_never_slower_than_fp32_and_leaves_the_mode
     assert not any(row["compile"] for row in result.rows)  # not tried on a CPU by default
     assert all(row["loss_rel_diff"] < 0.05 for row in result.rows)
     assert "Chose" in result.explain() and result.config.name == "auto"
+    # the speed options were timed beside the best of stage 1: its speedup rests on both rounds'
+    # windows (2 each), the options' on one round; the baseline was timed in every round
+    options_base = next(row for row in result.rows if row["optimizer_impl"] == "fused")
+    base_of_options = rows[", ".join(options_base["candidate"].split(", ")[:2])]
+    assert base_of_options["timed_windows"] == 4 and options_base["timed_windows"] == 2
+    assert rows["fp32, k=1"]["timed_windows"] == 4
 
 
 def test_a_budget_below_the_baseline_is_met_and_the_plan_says_the_baseline_was_ruled_out():

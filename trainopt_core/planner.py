@@ -369,6 +369,8 @@ class _Search:
         self.num_blocks = len(block_sequence(model)) if has_block_sequence(model) else None
         self.rows: dict[Candidate, dict] = {}
         self.trials: dict[Candidate, _Trial] = {}
+        # every timing window of a candidate, each with the baseline's window of the same round
+        self.windows_timed: dict[Candidate, tuple[list[float], list[float]]] = {}
         self.calibration = None
         self.compile_s = 0.0
         self.progress = progress
@@ -395,8 +397,8 @@ class _Search:
             row = self.rows[candidate] = {
                 "candidate": candidate.name, **dataclasses.asdict(candidate), "predicted_memory_bytes": None,
                 "peak_memory_bytes": None, "loss_rel_diff": None, "seconds_per_sample": None, "speedup": None,
-                "speedup_ci_low": None, "speedup_ci_high": None, "energy_j_per_sample": None, "feasible": False,
-                "cost": None, "cost_ci_low": None, "cost_ci_high": None, "rejected_because": None}
+                "speedup_ci_low": None, "speedup_ci_high": None, "timed_windows": 0, "energy_j_per_sample": None,
+                "feasible": False, "cost": None, "cost_ci_low": None, "cost_ci_high": None, "rejected_because": None}
             if self.calibration is not None:
                 row["predicted_memory_bytes"] = predicted = _predict(self.calibration, candidate, self.size)
                 if self.budget is not None and predicted > PRUNE_MARGIN * self.budget:
@@ -439,23 +441,26 @@ class _Search:
     def time(self, candidates: Sequence[Candidate]) -> None:
         """Times `candidates` (and the baseline) in interleaved windows; each row gets seconds
         per sample and its speedup over the baseline paired window by window, and energy per
-        sample where a counter is readable."""
+        sample where a counter is readable (once per candidate). A candidate timed in several
+        rounds keeps the windows of all of them (`timed_windows` counts them): a later round
+        adds to its evidence instead of replacing it."""
         baseline = Candidate()
         names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.trials]
         self._say(f"timing {len(names)} candidates in {self.windows} interleaved windows")
         rates = interleaved_windows({c.name: self.trials[c].step for c in names}, windows=self.windows,
                                     steps_per_window=self.steps_per_window, warmup_steps=0, device=self.device)
         for candidate in names:
+            own, paired_baseline = self.windows_timed.setdefault(candidate, ([], []))
+            own += rates[candidate.name]
+            paired_baseline += rates[baseline.name]
             row = self.rows[candidate]
-            summary = summarize([1.0 / r for r in rates[candidate.name]])
-            ratio = paired_ratio(rates[candidate.name], rates[baseline.name])
-            if candidate == baseline and row["speedup"] is not None:
-                continue  # the baseline keeps its first timing; later ones only pair it
-            row.update(seconds_per_sample=summary["median"], speedup=ratio["median"],
-                       speedup_ci_low=ratio["ci_low"], speedup_ci_high=ratio["ci_high"])
+            row.update(seconds_per_sample=summarize([1.0 / r for r in own])["median"], timed_windows=len(own))
             if candidate == baseline:
                 row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0)
-            if self.energy_source is not None:
+            else:
+                ratio = paired_ratio(own, paired_baseline)
+                row.update(speedup=ratio["median"], speedup_ci_low=ratio["ci_low"], speedup_ci_high=ratio["ci_high"])
+            if self.energy_source is not None and row["energy_j_per_sample"] is None:
                 with EnergyMeter(self.device) as meter:
                     samples = sum(self.trials[candidate].step() for _ in range(self.steps_per_window))
                 row["energy_j_per_sample"] = None if meter.energy_j is None else meter.energy_j / samples
