@@ -25,9 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from trainopt_core import measure
+from trainopt_core.reporting.index import markdown_table
 from trainopt_core.reporting.analysis.profiling import measure_recompute_overhead
 from trainopt_core.reproduction import runner
 from trainopt_core.reproduction.profiles import PROFILES, TASKS
@@ -92,17 +94,19 @@ def truncated_run(task: str, config: str, args: argparse.Namespace) -> dict:
 
 
 def table(records: list[dict], overheads: dict) -> str:
-    lines = ["| task | configuration | steps | " + " | ".join(title for title, _, _ in COLUMNS) + " |",
-             "|---" * (3 + len(COLUMNS)) + "|"]
+    rows = []
     for record in records:
+        row = {"task": record["task"], "configuration": record["config_name"]}
         if record["status"] == "failed":
-            lines.append(f"| {record['task']} | {record['config_name']} | failed: {record['error'][:200]} |")
-            continue
-        metrics = record["metrics"]
-        cells = ["n/a" if metrics.get(key) is None else show(metrics[key], metrics) for _, key, show in COLUMNS]
-        lines.append(f"| {record['task']} | {record['config_name']} | {metrics['optimizer_steps']} | "
-                     + " | ".join(cells) + " |")
-    lines += ["", "√L checkpointing's recompute overhead (forward + backward with over without, minus one):", ""]
+            row["steps"] = f"failed: {record['error'][:200]}"
+        else:
+            metrics = record["metrics"]
+            row["steps"] = metrics["optimizer_steps"]
+            row.update({title: "n/a" if metrics.get(key) is None else show(metrics[key], metrics)
+                        for title, key, show in COLUMNS})
+        rows.append(row)
+    lines = [markdown_table(pd.DataFrame(rows).fillna("")).rstrip("\n"), "",
+             "√L checkpointing's recompute overhead (forward + backward with over without, minus one):", ""]
     for task, result in overheads.items():
         lines.append(f"- {task}: " + (result["error"] if "error" in result else
                                       f"{100 * result['recompute_overhead']:.1f} % in {result['precision']}, {result['segments']} "

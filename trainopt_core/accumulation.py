@@ -96,9 +96,14 @@ def estimate_noise(micro_sq_norms: list[float], micro_sizes: list[float], accumu
     k = len(micro_sq_norms)
     if k < 2:
         raise ValueError(f"estimate_noise needs >= 2 micro-batch gradients (eq. 7), got {k}")
-    sigma_sq = (sum(micro_sq_norms) - k * accumulated_sq_norm) / (k - 1)
-    grad_sq = accumulated_sq_norm - sigma_sq / k
+    sigma_sq, grad_sq = _eq7(sum(micro_sq_norms), k, accumulated_sq_norm)
     return NoiseEstimate(sigma_sq, grad_sq, sum(micro_sizes) / k, k)
+
+
+def _eq7(sum_micro_sq_norms: float, k: int, accumulated_sq_norm: float) -> tuple[float, float]:
+    """(σ², unbiased |G|²) from Σ_j |g_j|² over k micro-batches and |G_acc|² (eq. 7)."""
+    sigma_sq = (sum_micro_sq_norms - k * accumulated_sq_norm) / (k - 1)
+    return sigma_sq, accumulated_sq_norm - sigma_sq / k
 
 
 def pool_estimates(estimates: list[NoiseEstimate]) -> NoiseEstimate:
@@ -268,8 +273,7 @@ class NoiseScaleProbe:
 def _signal_to_noise(sq_sum: float, sum_sq: float, sizes: list[float]) -> tuple[float, float, float]:
     """(|G|²/(b σ²), σ², |G|²) of m micro-batch gradients given |Σ g_j|² and Σ |g_j|² (eq. 7)."""
     m = len(sizes)
-    sigma_sq = (sum_sq - sq_sum / m) / (m - 1)
-    grad_sq = sq_sum / m**2 - sigma_sq / m
+    sigma_sq, grad_sq = _eq7(sum_sq, m, sq_sum / m**2)  # G_acc = S / m
     b = sum(sizes) / m
     return (grad_sq / (b * sigma_sq) if sigma_sq > 0 else math.inf), sigma_sq, grad_sq
 
