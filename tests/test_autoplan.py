@@ -40,6 +40,8 @@ def test_auto_is_planned_here_and_its_record_carries_the_plan(planned_run):
     assert (record["config"]["precision"], record["config"]["k"]) == (chosen.precision, chosen.k)
     assert record["config"]["adaptive"] is False
     assert any("planned on this machine" in note for note in record["notes"])
+    # planned for the run's length: the samples the run trained on (what a compile is spread over)
+    assert stored["plan"]["run_samples"] == record["steps"][-1]["samples_consumed"]
 
 
 def test_the_plan_is_reused_under_the_same_conditions_and_the_run_with_it(planned_run, monkeypatch):

@@ -80,6 +80,8 @@ def test_arguments_are_checked():
              nn.functional.cross_entropy)
     with pytest.raises(ValueError, match="memory_budget_bytes=0 is invalid"):
         _plan(memory_budget_bytes=0)
+    with pytest.raises(ValueError, match=r"run_samples=0 is invalid: allowed None \(the run's length unknown\)"):
+        _plan(run_samples=0)
 
 
 def _deep_model():
@@ -204,6 +206,61 @@ def test_a_candidate_that_loses_only_within_the_timing_noise_is_said_to():
     notes = _choose(rows, None, (1.0, 0.0, 0.0))
     assert "within the timing noise" in rows[0]["rejected_because"] and "'fp32, k=1';" in notes[0]
     assert notes[1] == "The choice's speedup interval (0.90-1.57) reaches 1x: this timing cannot tell it from the fp32 baseline."
+
+
+def test_a_compiled_candidate_is_judged_over_the_run_its_compile_time_spread_over_its_samples():
+    from trainopt_core.planner import _choose
+
+    def rows():  # the baseline at 1 ms per sample; compiling wins 1.5x per step but takes 40 s to compile
+        made = [_timed_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _timed_row("fp32, k=2", 2, 1.2, 1.15, 1.25),
+                dict(_timed_row("fp32, k=2, compiled", 2, 1.5, 1.4, 1.6), compile_s=40.0)]
+        made[0]["seconds_per_sample"] = 1e-3
+        return made
+
+    def chosen(made):
+        return next(row["candidate"] for row in made if row.get("chosen"))
+
+    unknown = rows()  # the run's length unknown: per-step speed alone, as before
+    _choose(unknown, None, (1.0, 0.0, 0.0))
+    assert chosen(unknown) == "fp32, k=2, compiled" and unknown[2].get("speedup_over_run") is None
+
+    short = rows()  # 1,000 samples: 40 ms of compiling per sample against 0.67 ms of computing
+    _choose(short, None, (1.0, 0.0, 0.0), run_samples=1_000)
+    assert chosen(short) == "fp32, k=2"
+    assert short[2]["speedup_over_run"] == pytest.approx(1e-3 / (1e-3 / 1.5 + 40.0 / 1_000))
+    assert short[2]["rejected_because"] == ("slower than the fp32 baseline over the run (0.02x: 1.50x per step, but "
+                                            "compiling took 40.0 s, spread over 1,000 samples)")
+
+    # 165,000 samples: 1.10x over the run, faster than the baseline but not than the uncompiled 1.2x
+    middle = rows()
+    _choose(middle, None, (1.0, 0.0, 0.0), run_samples=165_000)
+    assert middle[2]["speedup_over_run"] == pytest.approx(1.10, abs=1e-3)
+    assert chosen(middle) == "fp32, k=2" and middle[2]["cost"] == pytest.approx(1 / 1.10, abs=1e-3)
+    assert middle[2]["feasible"] and middle[2]["rejected_because"].startswith("higher eq. 3 cost")
+
+    long = rows()  # 100 million samples: the compile time is nothing
+    notes = _choose(long, None, (1.0, 0.0, 0.0), run_samples=100_000_000)
+    assert chosen(long) == "fp32, k=2, compiled"
+    assert notes[-1].startswith("The choice compiles: 1.50x the baseline per step, 1.50x over the run's "
+                                "100,000,000 samples with compiling's 40.0 s")
+
+
+def test_a_compiling_candidate_records_its_compile_time_and_a_short_run_does_not_pay_for_it():
+    result = _plan(ks=(1,), try_compile=True, run_samples=64)
+    compiled = next(row for row in result.rows if row["compile"])
+    assert compiled["compile_s"] > 0 and result.compile_s == pytest.approx(compiled["compile_s"])
+    assert all(row["compile_s"] is None for row in result.rows if not row["compile"])
+    # one step's worth of samples cannot earn back a compilation
+    assert not compiled.get("chosen") and "over the run" in compiled["rejected_because"]
+    assert result.run_samples == 64
+    again = Plan.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again.run_samples == 64 and again.rechoose().chosen["candidate"] == result.chosen["candidate"]
+    assert "over the run" in next(row for row in again.rechoose().rows if row["compile"])["rejected_because"]
+    from trainopt_core.reporting.plans import format_plan_table
+
+    table = format_plan_table(result)
+    cell = table.loc[table["Candidate"].str.contains("compiled"), "vs fp32 baseline (95% interval)"].item()
+    assert f"× over the run (compiling {compiled['compile_s']:.1f} s)" in cell
 
 
 class _ConstantPowerMeter:

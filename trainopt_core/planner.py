@@ -30,7 +30,9 @@ and a quality check (its probe-batch loss is finite and equal to fp32's within t
 tolerance; computed in eval mode, where dropout and BatchNorm's micro-batch statistics do not
 move it). Eq. 3 (C = w1·T + w2·M + w3·E, each over the baseline's) chooses among candidates within the
 budget, never one slower than the fp32 baseline unless the budget rules the baseline out (the
-plan then says so).
+plan then says so). Given the run's length (`run_samples`), T is the run's: a compiled
+candidate's compiling step is spread over the run's samples, so compiling is chosen only where
+the run earns it back.
 """
 from __future__ import annotations
 
@@ -58,6 +60,10 @@ from .measure.timing import Timer, interleaved_windows
 PRUNE_MARGIN = 1.25       # a prediction this far over the budget is not worth measuring
 LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}  # |loss - fp32 loss| / |fp32 loss| on the probe batch
 MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
+# why try_compile defaults to off on a CPU (the quick GPT-2, fp32, one process; interleaved windows)
+COMPILE_ON_CPU = ("on 2-core CPUs compiling the quick GPT-2's step took 40-53 s from a cold cache, against a 35-45 s "
+                  "training run, and the compiled step was not faster on an AVX-512 machine; on an AVX2 one it was "
+                  "1.06-1.08x the eager step at k=1 and 1.00x [0.98, 1.04] at the fused k=2 that plans choose there")
 
 
 def _fail(argument: str, value, allowed: str) -> None:
@@ -127,6 +133,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     energy_source: str | None = None
     goodput: dict | None = None  # with adaptive accumulation: the noise scale and k by goodput
+    run_samples: int | None = None  # the run's length, over which a compiled candidate's compile time is spread
 
     def frame(self):
         import pandas as pd
@@ -139,7 +146,7 @@ class Plan:
                 "memory_budget_bytes": self.memory_budget_bytes, "weights": list(self.weights),
                 "planning_s": self.planning_s, "compile_s": self.compile_s, "notes": list(self.notes),
                 "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows],
-                "goodput": self.goodput}
+                "goodput": self.goodput, "run_samples": self.run_samples}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Plan":
@@ -150,7 +157,7 @@ class Plan:
                    memory_budget_bytes=values["memory_budget_bytes"], weights=tuple(values["weights"]),
                    planning_s=values["planning_s"], compile_s=values.get("compile_s", 0.0),
                    notes=list(values.get("notes", [])), energy_source=values.get("energy_source"),
-                   goodput=values.get("goodput"))
+                   goodput=values.get("goodput"), run_samples=values.get("run_samples"))
 
     def rechoose(self, *, memory_budget_bytes: float | None = None, weights: Sequence[float] | None = None) -> "Plan":
         """The same measurements chosen again under another budget and/or weights (nothing is
@@ -161,7 +168,7 @@ class Plan:
         if memory_budget_bytes is not None and not memory_budget_bytes > 0:
             _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
         rows = [_measured_part(row) for row in self.rows]
-        notes = _choose(rows, memory_budget_bytes, weights, min_k=2 if self.goodput else 1)
+        notes = _choose(rows, memory_budget_bytes, weights, min_k=2 if self.goodput else 1, run_samples=self.run_samples)
         if not any(row["checkpointing"] is not None and row["peak_memory_bytes"] is not None for row in rows):
             notes.append("Checkpointing was not measured in the plan this one re-chooses from; plan() again "
                          "with this budget to measure it.")
@@ -177,7 +184,8 @@ class Plan:
             config = _adaptive_config(config, good)
         return Plan(config=config, chosen=chosen, baseline=baseline, rows=rows,
                     memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=self.planning_s,
-                    compile_s=self.compile_s, notes=notes, energy_source=self.energy_source, goodput=good)
+                    compile_s=self.compile_s, notes=notes, energy_source=self.energy_source, goodput=good,
+                    run_samples=self.run_samples)
 
     def explain(self) -> str:
         base, best = self.baseline, self.chosen
@@ -360,11 +368,12 @@ class _Search:
     """The measurements one `plan()` call makes: trials, rows, the memory model."""
 
     def __init__(self, model, optimizer_factory, batch, loss_fn, device, budget, windows, steps_per_window, progress,
-                 loss_takes_model):
+                 loss_takes_model, run_samples=None):
         self.model, self.optimizer_factory, self.batch, self.loss_fn = model, optimizer_factory, batch, loss_fn
         self.loss_takes_model = loss_takes_model
         self.device, self.budget = device, budget
         self.windows, self.steps_per_window = windows, steps_per_window
+        self.run_samples = run_samples
         self.size = len(batch[0])
         self.num_blocks = len(block_sequence(model)) if has_block_sequence(model) else None
         self.rows: dict[Candidate, dict] = {}
@@ -398,7 +407,7 @@ class _Search:
                 "candidate": candidate.name, **dataclasses.asdict(candidate), "predicted_memory_bytes": None,
                 "peak_memory_bytes": None, "loss_rel_diff": None, "seconds_per_sample": None, "speedup": None,
                 "speedup_ci_low": None, "speedup_ci_high": None, "timed_windows": 0, "energy_j_per_sample": None,
-                "feasible": False, "cost": None, "cost_ci_low": None, "cost_ci_high": None, "rejected_because": None}
+                "compile_s": None, "speedup_over_run": None, "feasible": False, "cost": None, "cost_ci_low": None, "cost_ci_high": None, "rejected_because": None}
             if self.calibration is not None:
                 row["predicted_memory_bytes"] = predicted = _predict(self.calibration, candidate, self.size)
                 if self.budget is not None and predicted > PRUNE_MARGIN * self.budget:
@@ -412,8 +421,9 @@ class _Search:
                                self.loss_takes_model)
                 started = time.perf_counter()
                 trial.step()  # warm-up: optimizer state allocated, kernels chosen (compiled)
-                if candidate.compile:
-                    self.compile_s += time.perf_counter() - started
+                if candidate.compile:  # the compiling step, whole: compilation plus one step
+                    row["compile_s"] = time.perf_counter() - started
+                    self.compile_s += row["compile_s"]
                 with MemoryTracker(trial.model, trial.optimizer, self.device) as tracker:
                     trial.step()
             except (torch.OutOfMemoryError, RuntimeError) as error:
@@ -470,7 +480,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
          loss_fn: Callable, *, loss_takes_model: bool = False, device: torch.device | str | None = None,
          memory_budget_bytes: float | None = None, weights: Sequence[float] = (1.0, 0.0, 0.0),
          ks: Sequence[int] | None = None, speed_options: bool = True, try_compile: bool | None = None,
-         adaptive_accumulation: bool = False, k_max: int = 8,
+         adaptive_accumulation: bool = False, k_max: int = 8, run_samples: int | None = None,
          windows: int = 3, steps_per_window: int = 2, progress: bool = False) -> Plan:
     """Measure candidate configurations on `batch` and choose one (module docstring).
 
@@ -484,9 +494,12 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     energy term is dropped, and said, where no counter is readable). `ks`: the micro-batch splits
     to try (default the powers of two up to 8 that divide the batch). `speed_options`: also try
     the optimizer's foreach/fused kernels, channels-last (models with convolutions) and, where
-    `try_compile` (default: on CUDA only; on a 2-core CPU compiling the quick GPT-2's training step
-    took 53 s and the compiled steps were not faster), torch.compile; its compile time is
-    reported apart (`Plan.compile_s`).
+    `try_compile` (default: on CUDA only -- `COMPILE_ON_CPU` says what it did on 2-core CPUs),
+    torch.compile; its compile time is reported apart (`Plan.compile_s`, and each compiled row's
+    `compile_s`: its first, compiling step). `run_samples`: how many samples the run will train on
+    (None: unknown). Given, a compiled candidate is judged over the run -- eq. 3's T then counts
+    its compile seconds spread over those samples (`speedup_over_run`) -- so compiling is chosen
+    only where the run is long enough to earn it back.
     `adaptive_accumulation`: the plan is for variance-aware accumulation (`OptimizationConfig`
     with adaptive=True), where k sets the effective batch k·b of a fixed micro-batch b, so k is
     chosen by goodput -- samples/s × statistical efficiency -- not by samples/s alone. The
@@ -508,6 +521,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if memory_budget_bytes is not None and not memory_budget_bytes > 0:
         _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
     weights = _check_weights(weights)
+    if run_samples is not None and (not isinstance(run_samples, int) or isinstance(run_samples, bool) or run_samples < 1):
+        _fail("run_samples", run_samples, "None (the run's length unknown) or an integer >= 1 (samples the run trains on)")
     for argument, value in (("windows", windows), ("steps_per_window", steps_per_window)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             _fail(argument, value, "an integer >= 1")
@@ -521,7 +536,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if try_compile is None:
         try_compile = device.type == "cuda"
     search = _Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
-                     progress, loss_takes_model)
+                     progress, loss_takes_model, run_samples)
     notes = []
     if search.energy_source is None and weights[2] > 0:
         notes.append(f"Energy weight {weights[2]} not used: {search.energy_unavailable}.")
@@ -574,7 +589,9 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         ran = search.measure_memory([best.replace(**option) for option in options])
         if ran:
             search.time([best] + ran)
-            helped = [c for c in ran if _helps(search.rows[c], search.rows[best], memory_budget_bytes)]
+            base_s = search.rows[Candidate()]["seconds_per_sample"]
+            helped = [c for c in ran if _helps(search.rows[c], search.rows[best], memory_budget_bytes, base_s,
+                                               run_samples)]
             if len(helped) > 1:
                 together = best.replace(**{key: value for c in helped for key, value in _changes(best, c).items()})
                 # timed with the baseline only: every speedup is paired with the baseline's windows,
@@ -583,11 +600,10 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                 if built:
                     search.time(built)
         if not try_compile:
-            notes.append("torch.compile not tried (try_compile=False, the default off CUDA: on a 2-core CPU the "
-                         "quick GPT-2's first compiled step took 53 s, and its later steps were not faster).")
+            notes.append(f"torch.compile not tried (try_compile=False, the default off CUDA: {COMPILE_ON_CPU}).")
 
     rows = list(search.rows.values())
-    notes += _choose(rows, memory_budget_bytes, weights, min_k=min_k)
+    notes += _choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=run_samples)
     chosen = next(row for row in rows if row.get("chosen"))
     config, good = _candidate_of(chosen).config(), None
     if adaptive_accumulation:
@@ -595,7 +611,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         config = _adaptive_config(config, good)
     return Plan(config=config, chosen=chosen, baseline=search.rows[Candidate()], rows=rows,
                 memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=time.perf_counter() - started,
-                compile_s=search.compile_s, notes=notes, energy_source=search.energy_source, goodput=good)
+                compile_s=search.compile_s, notes=notes, energy_source=search.energy_source, goodput=good,
+                run_samples=run_samples)
 
 
 def _candidates(batch_size: int, device: torch.device, ks: Sequence[int] | None, min_k: int = 1) -> list[Candidate]:
@@ -642,9 +659,20 @@ def _changes(base: Candidate, other: Candidate) -> dict:
     return {key: value for key, value in dataclasses.asdict(other).items() if getattr(base, key) != value}
 
 
-def _helps(row: dict, best: dict, budget: float | None) -> bool:
+def _helps(row: dict, best: dict, budget: float | None, base_s: float | None = None,
+           run_samples: int | None = None) -> bool:
     fits = budget is None or row["peak_memory_bytes"] <= budget
-    return fits and not row["rejected_because"] and row["speedup"] > best["speedup"]
+    return fits and not row["rejected_because"] and (_over_run(row, row["speedup"], base_s, run_samples)
+                                                     > _over_run(best, best["speedup"], base_s, run_samples))
+
+
+def _over_run(row: dict, speedup: float | None, base_s: float | None, run_samples: int | None) -> float | None:
+    """`speedup` (over the fp32 baseline's seconds per sample `base_s`) with the row's compile
+    seconds spread over a run of `run_samples` samples; unchanged for a row that did not compile
+    or when the run's length is not known."""
+    if speedup is None or not speedup > 0 or not run_samples or not row.get("compile_s") or not base_s:
+        return speedup
+    return base_s / (base_s / speedup + row["compile_s"] / run_samples)
 
 
 def _candidate_of(row: dict) -> Candidate:
@@ -655,7 +683,7 @@ def _best(search: _Search, *, weights, min_k: int = 1) -> Candidate | None:
     """The current choice among what is measured so far (None when nothing fits yet)."""
     rows = [_measured_part(row) for row in search.rows.values()]
     try:
-        _choose(rows, search.budget, weights, min_k=min_k)
+        _choose(rows, search.budget, weights, min_k=min_k, run_samples=search.run_samples)
     except ValueError:
         return None
     return _candidate_of(next(row for row in rows if row.get("chosen")))
@@ -663,7 +691,7 @@ def _best(search: _Search, *, weights, min_k: int = 1) -> Candidate | None:
 
 def _measured_part(row: dict) -> dict:
     """A row without what `_choose` decides (so a choice can be made again)."""
-    out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None)
+    out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None, speedup_over_run=None)
     if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality")):
         out["rejected_because"] = None
     return out
@@ -721,11 +749,21 @@ def _predict(calibration: dict, candidate: Candidate, batch_size: int) -> float:
     return calibration["fixed_bytes"] + factor * (activations + temporaries)
 
 
-def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 1) -> list[str]:
+def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 1,
+            run_samples: int | None = None) -> list[str]:
     """Marks the chosen row (eq. 3 among feasible timed rows with k >= `min_k`) and why each
-    other measured row lost; returns notes. ValueError when no measured candidate fits the budget."""
+    other measured row lost; returns notes. ValueError when no measured candidate fits the budget.
+    With `run_samples`, a compiled row's time is its seconds per sample plus its compile seconds
+    spread over the run (`speedup_over_run`): eq. 3's T is the run's time, compiling included."""
     notes = []
     base = _baseline_row(rows)
+
+    def speed(row: dict, key: str = "speedup") -> float | None:
+        return _over_run(row, row[key], base.get("seconds_per_sample"), run_samples)
+
+    for row in rows:
+        if run_samples and row.get("compile_s") and row["speedup"] is not None:
+            row["speedup_over_run"] = speed(row)
     for row in rows:
         if row["peak_memory_bytes"] is None or row["rejected_because"] or row["speedup"] is None:
             continue
@@ -747,15 +785,19 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int =
               + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
     forced_by_k = False
     if base_fits:
-        slower = [row for row in feasible if row is not base and row["speedup"] < 1.0]
+        slower = [row for row in feasible if row is not base and speed(row) < 1.0]
         if len(slower) == len(feasible):  # only with adaptive accumulation (the baseline is feasible otherwise)
-            fastest = max(feasible, key=lambda row: row["speedup"])
+            fastest = max(feasible, key=speed)
             notes.append(f"Every split with k >= {min_k} runs slower than the fp32 baseline: with adaptive "
-                         f"accumulation the plan runs at {fastest['speedup']:.2f}x its speed at best.")
+                         f"accumulation the plan runs at {speed(fastest):.2f}x its speed at best.")
             slower, forced_by_k = [], True
         for row in slower:
             row["feasible"] = False
             row["rejected_because"] = f"slower than the fp32 baseline ({row['speedup']:.2f}x)"
+            if row.get("speedup_over_run") is not None:
+                row["rejected_because"] = (f"slower than the fp32 baseline over the run ({row['speedup_over_run']:.2f}x: "
+                                           f"{row['speedup']:.2f}x per step, but compiling took "
+                                           f"{row['compile_s']:.1f} s, spread over {run_samples:,} samples)")
         feasible = [row for row in feasible if row["feasible"]]
     else:
         notes.append("The budget rules out the fp32 baseline (peak "
@@ -770,8 +812,8 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int =
                     baseline=reference, weights=weights)["cost"]
 
     for row in feasible:
-        row["cost"] = eq3(row, row["speedup"])
-        ends = (row["speedup_ci_low"], row["speedup_ci_high"])
+        row["cost"] = eq3(row, speed(row))
+        ends = (speed(row, "speedup_ci_low"), speed(row, "speedup_ci_high"))
         if all(end is not None and end > 0 for end in ends):  # the speedup's 95 % interval, as cost
             row["cost_ci_low"], row["cost_ci_high"] = sorted(eq3(row, end) for end in ends)
     best = min(feasible, key=lambda row: row["cost"])
@@ -790,9 +832,13 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int =
     if base in feasible and base is not best and base["candidate"] in within_noise:
         notes.append(f"The choice's speedup interval ({_interval(best)}) reaches 1x: this timing cannot tell it "
                      "from the fp32 baseline.")
-    if best["speedup"] < 1.0 and not forced_by_k:
-        notes.append(f"The chosen configuration runs at {best['speedup']:.2f}x the fp32 baseline's speed: "
+    if speed(best) < 1.0 and not forced_by_k:
+        notes.append(f"The chosen configuration runs at {speed(best):.2f}x the fp32 baseline's speed: "
                      "the budget forces it.")
+    if best.get("speedup_over_run") is not None:
+        notes.append(f"The choice compiles: {best['speedup']:.2f}x the baseline per step, {best['speedup_over_run']:.2f}x "
+                     f"over the run's {run_samples:,} samples with compiling's {best['compile_s']:.1f} s "
+                     "(recompiles later in the run, for evaluation or another shape, are not counted).")
     return notes
 
 
