@@ -407,7 +407,8 @@ class _Search:
                 "candidate": candidate.name, **dataclasses.asdict(candidate), "predicted_memory_bytes": None,
                 "peak_memory_bytes": None, "loss_rel_diff": None, "seconds_per_sample": None, "speedup": None,
                 "speedup_ci_low": None, "speedup_ci_high": None, "timed_windows": 0, "energy_j_per_sample": None,
-                "compile_s": None, "speedup_over_run": None, "feasible": False, "cost": None, "cost_ci_low": None, "cost_ci_high": None, "rejected_because": None}
+                "compile_s": None, "speedup_over_run": None, "feasible": False, "cost": None, "cost_ci_low": None,
+                "cost_ci_high": None, "rejected_because": None}
             if self.calibration is not None:
                 row["predicted_memory_bytes"] = predicted = _predict(self.calibration, candidate, self.size)
                 if self.budget is not None and predicted > PRUNE_MARGIN * self.budget:
