@@ -137,8 +137,9 @@ def main(argv=None) -> int:
             overheads[task] = {"error": f"{type(err).__name__}: {err}"}
     (out / "gpu_runs.json").write_text(json.dumps({"profile": args.profile, "steps": args.steps, "tests_exit": tests,
                                                    "runs": records, "recompute_overhead": overheads}, indent=1))
-    (out / "gpu_runs.md").write_text(table(records, overheads))
-    print(table(records, overheads), flush=True)
+    text = table(records, overheads)
+    (out / "gpu_runs.md").write_text(text)
+    print(text, flush=True)
     return 0 if tests in (None, 0) and all(r["status"] != "failed" for r in records) else 1
 
 
