@@ -288,3 +288,40 @@ def test_command_line_writes_a_record(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "trainopt_core.reproduction", "--task", "wikitext2", "--config", "turbo"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown configuration 'turbo'" in bad.stderr
+
+
+def test_a_compiled_model_evaluates_without_compiling_again():
+    """Evaluation mode (and an evaluation batch of another shape) would compile a compiled model
+    again, which the plan's compile time does not count: the runner evaluates it eagerly."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(8, 2))
+    model.compile(backend="eager")  # dynamo's guards and recompiles, no code generation
+    model(torch.randn(4, 8)).sum().backward()  # training mode, batch 4: compiled once
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled >= 1
+
+    class Bundle:
+        @staticmethod
+        def evaluate(model, engine):
+            model.eval()
+            quality = model(torch.randn(6, 8)).argmax(1).float().mean().item()
+            model.train()
+            return quality
+
+    class Engine:
+        samples_consumed = optimizer_steps = k = 1
+        lr, loss_scale, effective_batch_size = 0.1, 1.0, 4
+
+        @staticmethod
+        def stats():
+            return {"b_simple_items": None}
+
+    row = runner._evaluate(Bundle, Engine, model, 0.0, [{"loss": 1.0}])
+    assert 0.0 <= row["quality"] <= 1.0
+    assert counters["stats"]["unique_graphs"] == compiled
+    Bundle.evaluate(model, Engine)  # the same evaluation without the runner compiles again
+    assert counters["stats"]["unique_graphs"] > compiled
+    torch._dynamo.reset()

@@ -839,7 +839,8 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int =
     if best.get("speedup_over_run") is not None:
         notes.append(f"The choice compiles: {best['speedup']:.2f}x the baseline per step, {best['speedup_over_run']:.2f}x "
                      f"over the run's {run_samples:,} samples with compiling's {best['compile_s']:.1f} s "
-                     "(recompiles later in the run, for evaluation or another shape, are not counted).")
+                     "(a recompile later in the run, for a new input shape or evaluation mode, is not counted; the "
+                     "reproduction's runs evaluate eagerly, without one).")
     return notes
 
 
