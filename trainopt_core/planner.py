@@ -839,8 +839,8 @@ def _choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int =
     if best.get("speedup_over_run") is not None:
         notes.append(f"The choice compiles: {best['speedup']:.2f}x the baseline per step, {best['speedup_over_run']:.2f}x "
                      f"over the run's {run_samples:,} samples with compiling's {best['compile_s']:.1f} s "
-                     "(a recompile later in the run, for a new input shape or evaluation mode, is not counted; the "
-                     "reproduction's runs evaluate eagerly, without one).")
+                     "(a recompile later in the run, for a new input shape or evaluation mode, is not counted; "
+                     "evaluating under torch.compiler.set_stance('force_eager') avoids one).")
     return notes
 
 
