@@ -25,7 +25,8 @@ import torch
 
 from trainopt_core.measure.stats import paired_ratio
 from trainopt_core.measure.timing import interleaved_windows
-from trainopt_core.planner import _candidate_of, _Trial
+from trainopt_core.planner.search import Trial
+from trainopt_core.planner.space import candidate_of
 from trainopt_core.reproduction.autoplan import plan_task
 from trainopt_core.reproduction.profiles import get_profile
 from trainopt_core.reproduction.tasks import build_task
@@ -57,7 +58,7 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
     # the step-time model, checked: the same micro-batch b, k micro-batches per step
     b = int(good["micro_batch_size"])
     ks = sorted({good["k_min"], min(2 * good["k_min"], good["k_max"]), good["k_max"]})
-    candidate = _candidate_of(result.chosen)
+    candidate = candidate_of(result.chosen)
 
     def loss(model, x, y=None):
         return bundle.loss(model, x, y)
@@ -65,8 +66,8 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
     trials = {}
     for k in ks:
         batch = tuple(t for t in next(bundle.train_batches(k * b, seed=0)) if t is not None)
-        trials[k] = _Trial(candidate.replace(k=k), copy.deepcopy(bundle.model).to(device), _optimizer(prof), batch,
-                           loss, device, loss_takes_model=True)
+        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(bundle.model).to(device), _optimizer(prof), batch,
+                          loss, device, loss_takes_model=True)
     rates = interleaved_windows({str(k): trials[k].step for k in ks}, windows=windows, steps_per_window=steps,
                                 warmup_steps=1, device=device)
     predicted = {row["k"]: row["samples_per_s"] for row in good["rows"]}

@@ -111,7 +111,7 @@ def test_every_package_declares_its_public_api():
 def test_the_top_level_shows_the_thin_library_and_two_subpackages():
     top = sorted(p.name for p in PACKAGE_DIR.iterdir() if p.name != "__pycache__")
     subpackages = {p for p in top if (PACKAGE_DIR / p / "__init__.py").is_file()}
-    assert subpackages == {"distributed", "measure", "reproduction", "reporting"}
+    assert subpackages == {"distributed", "measure", "planner", "reproduction", "reporting"}
     # no module-name prefixes standing in for packages (data_*, measure_*, reports_*, analysis_*)
     assert not [p for p in top if re.match(r"(data|measure|reports?|analysis)_", p)], top
 

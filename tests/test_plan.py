@@ -165,17 +165,17 @@ def test_with_adaptive_accumulation_the_plan_splits_at_least_in_two_and_chooses_
 
 
 def test_goodput_grows_k_only_where_the_optimizer_step_is_worth_spreading():
-    from trainopt_core.planner import _goodput_choice
+    from trainopt_core.planner.adaptive import goodput_choice
 
     chosen = {"k": 2, "candidate": "fp32, k=2", "seconds_per_sample": 0.001}
     noise = {"b_simple": 1000.0, "ci_low": 300.0, "ci_high": math.inf}
     # b = 32: k* = sqrt(1000 * 0.05 / (32 * 0.01)) = 12.5, past k_max
-    costly = _goodput_choice(chosen, noise, optimizer_s=0.05, micro_s=0.01, batch_size=64, k_max=8)
+    costly = goodput_choice(chosen, noise, optimizer_s=0.05, micro_s=0.01, batch_size=64, k_max=8)
     assert costly["k"] == 8 and costly["closed_form_k"] == pytest.approx(12.5, rel=1e-3)
-    cheap = _goodput_choice(chosen, noise, optimizer_s=1e-4, micro_s=0.01, batch_size=64, k_max=8)
+    cheap = goodput_choice(chosen, noise, optimizer_s=1e-4, micro_s=0.01, batch_size=64, k_max=8)
     assert cheap["k"] == 2 and cheap["k_at_interval"] == [2, 8]  # an unbounded noise scale: every sample counts fully
     # without a measured micro-batch time it comes from the row: 0.001 s/sample * 64 - 1e-4, over k = 2
-    derived = _goodput_choice(chosen, noise, optimizer_s=1e-4, micro_s=None, batch_size=64, k_max=8)
+    derived = goodput_choice(chosen, noise, optimizer_s=1e-4, micro_s=None, batch_size=64, k_max=8)
     assert derived["micro_s"] == pytest.approx((0.064 - 1e-4) / 2)
 
 
@@ -186,11 +186,11 @@ def _timed_row(name, k, speedup, low, high, peak=100.0):
 
 
 def test_a_candidate_that_loses_only_within_the_timing_noise_is_said_to():
-    from trainopt_core.planner import _choose
+    from trainopt_core.planner.choice import choose
 
     rows = [_timed_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _timed_row("fp32, k=2", 2, 1.30, 1.20, 1.40),
             _timed_row("fp32, k=4", 4, 1.25, 1.15, 1.35), _timed_row("fp32, k=8", 8, 1.10, 1.05, 1.12)]
-    notes = _choose(rows, None, (1.0, 0.0, 0.0))
+    notes = choose(rows, None, (1.0, 0.0, 0.0))
     by_name = {row["candidate"]: row for row in rows}
     assert by_name["fp32, k=2"]["chosen"]
     assert by_name["fp32, k=2"]["cost_ci_low"] == pytest.approx(1 / 1.40)
@@ -203,13 +203,13 @@ def test_a_candidate_that_loses_only_within_the_timing_noise_is_said_to():
                      "again may choose one of them."]
     # a choice whose interval reaches 1x is within the noise of the baseline itself
     rows = [_timed_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _timed_row("fp32, k=2", 2, 1.26, 0.90, 1.57)]
-    notes = _choose(rows, None, (1.0, 0.0, 0.0))
+    notes = choose(rows, None, (1.0, 0.0, 0.0))
     assert "within the timing noise" in rows[0]["rejected_because"] and "'fp32, k=1';" in notes[0]
     assert notes[1] == "The choice's speedup interval (0.90-1.57) reaches 1x: this timing cannot tell it from the fp32 baseline."
 
 
 def test_a_compiled_candidate_is_judged_over_the_run_its_compile_time_spread_over_its_samples():
-    from trainopt_core.planner import _choose
+    from trainopt_core.planner.choice import choose
 
     def rows():  # the baseline at 1 ms per sample; compiling wins 1.5x per step but takes 40 s to compile
         made = [_timed_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _timed_row("fp32, k=2", 2, 1.2, 1.15, 1.25),
@@ -221,11 +221,11 @@ def test_a_compiled_candidate_is_judged_over_the_run_its_compile_time_spread_ove
         return next(row["candidate"] for row in made if row.get("chosen"))
 
     unknown = rows()  # the run's length unknown: per-step speed alone, as before
-    _choose(unknown, None, (1.0, 0.0, 0.0))
+    choose(unknown, None, (1.0, 0.0, 0.0))
     assert chosen(unknown) == "fp32, k=2, compiled" and unknown[2].get("speedup_over_run") is None
 
     short = rows()  # 1,000 samples: 40 ms of compiling per sample against 0.67 ms of computing
-    _choose(short, None, (1.0, 0.0, 0.0), run_samples=1_000)
+    choose(short, None, (1.0, 0.0, 0.0), run_samples=1_000)
     assert chosen(short) == "fp32, k=2"
     assert short[2]["speedup_over_run"] == pytest.approx(1e-3 / (1e-3 / 1.5 + 40.0 / 1_000))
     assert short[2]["rejected_because"] == ("slower than the fp32 baseline over the run (0.02x: 1.50x per step, but "
@@ -233,13 +233,13 @@ def test_a_compiled_candidate_is_judged_over_the_run_its_compile_time_spread_ove
 
     # 165,000 samples: 1.10x over the run, faster than the baseline but not than the uncompiled 1.2x
     middle = rows()
-    _choose(middle, None, (1.0, 0.0, 0.0), run_samples=165_000)
+    choose(middle, None, (1.0, 0.0, 0.0), run_samples=165_000)
     assert middle[2]["speedup_over_run"] == pytest.approx(1.10, abs=1e-3)
     assert chosen(middle) == "fp32, k=2" and middle[2]["cost"] == pytest.approx(1 / 1.10, abs=1e-3)
     assert middle[2]["feasible"] and middle[2]["rejected_because"].startswith("higher eq. 3 cost")
 
     long = rows()  # 100 million samples: the compile time is nothing
-    notes = _choose(long, None, (1.0, 0.0, 0.0), run_samples=100_000_000)
+    notes = choose(long, None, (1.0, 0.0, 0.0), run_samples=100_000_000)
     assert chosen(long) == "fp32, k=2, compiled"
     assert notes[-1].startswith("The choice compiles: 1.50x the baseline per step, 1.50x over the run's "
                                 "100,000,000 samples with compiling's 40.0 s")
@@ -289,9 +289,9 @@ class _ConstantPowerMeter:
 
 
 def test_where_a_counter_is_readable_energy_per_sample_is_measured_and_weighed(monkeypatch):
-    import trainopt_core.planner as planner
+    import trainopt_core.planner.search as search
 
-    monkeypatch.setattr(planner, "EnergyMeter", _ConstantPowerMeter)
+    monkeypatch.setattr(search, "EnergyMeter", _ConstantPowerMeter)
     result = _plan(ks=(1, 2, 4), speed_options=False, weights=(1e-9, 0, 1))  # time must weigh something
     measured = [row for row in result.rows if row["speedup"] is not None]
     assert result.energy_source == "fake: 50 W constant" and "Energy: fake" in result.explain()

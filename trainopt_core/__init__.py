@@ -13,7 +13,7 @@ The thin library (needs only torch) is what sits at this level:
     schedule.py       warmup + cosine LR, linear batch scaling, clipping (eqs. 10-12)
     precision.py      mixed precision with dynamic loss scaling (eqs. 13-17)
     checkpointing.py  √L activation checkpointing (eqs. 18-20), full or selective
-    planner.py        plan(): the configuration chosen by measured cost on this machine (eq. 3)
+    planner/          plan(): the configuration chosen by measured cost on this machine (eq. 3)
     distributed/      process groups, DeepSpeed ZeRO engine, launch CLI, run_processes
     measure/          throughput, peak memory, energy, FLOPs utilization, time-to-target, eq. 3
 

@@ -1,0 +1,206 @@
+"""Choose the configuration by measured cost on this machine: eq. 3 under a memory budget.
+
+The paper's fixed recipe is not the fastest everywhere (on a CPU √L checkpointing recomputes
+far more than the 0.12 of a step it assumes), and the paper names the fix: adaptive policies
+that disable an optimization when its overhead exceeds its benefit. `plan()` does that by
+measurement, on the user's model, batch and device, in three stages, each timed in interleaved
+windows together with the fp32 baseline (so every speedup is a paired ratio to the baseline
+measured in the same windows):
+
+1. Precision × split: fp32, plus bf16 where the device computes it natively, plus fp16 on
+   CUDA; × splits of the effective batch into k micro-batches.
+2. Memory (only when it counts: a budget, or w2 > 0): activation checkpointing -- ⌈√L⌉ segments,
+   every block its own segment, and every block with the selective policy (matmul outputs kept,
+   cheap ops recomputed) -- on the stage-1 candidates it could help: those over the budget, or
+   with w2 > 0 those on the time-memory Pareto front. Checkpointing only adds recompute, so a
+   candidate that already fits is not checkpointed.
+3. Speed options on the best so far: the optimizer's fused kernels (foreach where it has none), channels-last
+   weights for CNNs, torch.compile where it is tried; then the options that helped, together.
+4. With adaptive accumulation only (`adaptive_accumulation=True`): k sets the effective batch
+   k·b of the chosen micro-batch b, so it is chosen by goodput -- samples/s × statistical
+   efficiency, the efficiency from the gradient noise scale B_simple of the batch (measured with
+   its 95 % interval, `accumulation.probe_noise_scale`), the samples/s from the chosen
+   candidate's timed micro-batch and optimizer-step seconds.
+
+Before a candidate is timed, the memory model (eq. 8: activations scale with the micro-batch;
+eq. 19: checkpointing keeps a fraction of them), calibrated on one tracked fp32 step, prunes it
+when its prediction exceeds the budget by more than `PRUNE_MARGIN`. Each measured candidate gets
+one tracked step (peak memory; an out-of-memory error makes it infeasible, caught in-process)
+and a quality check (its probe-batch loss is finite and equal to fp32's within the precision's
+tolerance; computed in eval mode, where dropout and BatchNorm's micro-batch statistics do not
+move it). Eq. 3 (C = w1·T + w2·M + w3·E, each over the baseline's) chooses among candidates within the
+budget, never one slower than the fp32 baseline unless the budget rules the baseline out (the
+plan then says so). Given the run's length (`run_samples`), T is the run's: a compiled
+candidate's compiling step is spread over the run's samples, so compiling is chosen only where
+the run earns it back.
+
+The stages are `plan()` below; the parts, one per module:
+
+    space.py      the candidates and what each changes in an OptimizationConfig
+    search.py     measuring them: a copy per candidate, memory (and the model that prunes),
+                  probe-batch loss, interleaved timing windows paired with the baseline's
+    choice.py     eq. 3 under the budget, and why each other candidate lost
+    adaptive.py   k by goodput for adaptive accumulation
+    result.py     Plan: the table, explain(), the figures, rechoose()
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from .adaptive import adaptive_config, measure_goodput
+from .choice import check_weights, choose, helps, pareto_front
+from .result import Plan
+from .search import Search
+from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
+                    native_reduced_precisions, precision_splits, speed_option_changes)
+
+MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[torch.Tensor],
+         loss_fn: Callable, *, loss_takes_model: bool = False, device: torch.device | str | None = None,
+         memory_budget_bytes: float | None = None, weights: Sequence[float] = (1.0, 0.0, 0.0),
+         ks: Sequence[int] | None = None, speed_options: bool = True, try_compile: bool | None = None,
+         adaptive_accumulation: bool = False, k_max: int = 8, run_samples: int | None = None,
+         windows: int = 3, steps_per_window: int = 2, progress: bool = False) -> Plan:
+    """Measure candidate configurations on `batch` and choose one (module docstring).
+
+    `model` is left untouched (each candidate runs on a copy). `optimizer_factory(parameters)`
+    builds the optimizer. `batch` is (inputs..., targets), its first dimension the effective batch
+    size; `loss_fn(model_output, targets)` returns the mean loss -- or, with `loss_takes_model`,
+    `loss_fn(model, *micro_batch)` runs the model itself and returns the mean loss or (mean loss,
+    items it averages) (a Hugging Face model called with labels, say). `memory_budget_bytes`: peak
+    memory of a training step allowed (None: no budget). `weights`: eq. 3's (w1, w2, w3) on
+    time per sample, peak memory and energy per sample, each relative to the fp32 baseline (the
+    energy term is dropped, and said, where no counter is readable). `ks`: the micro-batch splits
+    to try (default the powers of two up to 8 that divide the batch). `speed_options`: also try
+    the optimizer's foreach/fused kernels, channels-last (models with convolutions) and, where
+    `try_compile` (default: on CUDA only -- `COMPILE_ON_CPU` says what it did on 2-core CPUs),
+    torch.compile; its compile time is reported apart (`Plan.compile_s`, and each compiled row's
+    `compile_s`: its first, compiling step). `run_samples`: how many samples the run will train on
+    (None: unknown). Given, a compiled candidate is judged over the run -- eq. 3's T then counts
+    its compile seconds spread over those samples (`speedup_over_run`) -- so compiling is chosen
+    only where the run is long enough to earn it back.
+    `adaptive_accumulation`: the plan is for variance-aware accumulation (`OptimizationConfig`
+    with adaptive=True), where k sets the effective batch k·b of a fixed micro-batch b, so k is
+    chosen by goodput -- samples/s × statistical efficiency -- not by samples/s alone. The
+    splits tried are then those with k >= 2 (eq. 7 needs two micro-batches per step on one
+    process); the chosen split gives b = batch/k and k_min = k (the effective batch never falls
+    below `batch`); the gradient noise scale B_simple of `batch` at the initial weights
+    (`accumulation.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
+    micro-batch and optimizer-step seconds give the goodput of each k in [k_min, `k_max`]; the
+    best is the starting k (`Plan.goodput` has the table and k at the interval's two ends).
+    `windows` × `steps_per_window` steps time each candidate; `progress` prints each stage.
+    """
+    started = time.perf_counter()
+    if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
+        _fail("batch", type(batch).__name__, "a sequence (inputs..., targets) of tensors (with loss_takes_model, "
+              "of at least one tensor)")
+    size = len(batch[0])
+    if any(len(t) != size for t in batch):
+        _fail("batch", [tuple(t.shape) for t in batch], "tensors with the same first dimension (the batch size)")
+    if memory_budget_bytes is not None and not memory_budget_bytes > 0:
+        _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
+    weights = check_weights(weights)
+    if run_samples is not None and (not isinstance(run_samples, int) or isinstance(run_samples, bool) or run_samples < 1):
+        _fail("run_samples", run_samples, "None (the run's length unknown) or an integer >= 1 (samples the run trains on)")
+    for argument, value in (("windows", windows), ("steps_per_window", steps_per_window)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            _fail(argument, value, "an integer >= 1")
+    min_k = 2 if adaptive_accumulation else 1
+    if adaptive_accumulation and (not isinstance(k_max, int) or isinstance(k_max, bool) or k_max < 2):
+        _fail("k_max", k_max, "an integer >= 2 (the largest k adaptive accumulation may reach)")
+    if adaptive_accumulation and size < 6:
+        _fail("batch", f"a batch of {size}", "with adaptive_accumulation, a batch of >= 6 samples (>= 3 micro-batches "
+              "for the noise scale's interval, split into >= 2)")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    if try_compile is None:
+        try_compile = device.type == "cuda"
+    search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
+                    progress, loss_takes_model, run_samples)
+    notes = []
+    if search.energy_source is None and weights[2] > 0:
+        notes.append(f"Energy weight {weights[2]} not used: {search.energy_unavailable}.")
+
+    # 1. precision × split
+    stage1 = precision_splits(size, device, ks, min_k=min_k)
+    first = search.measure_memory(stage1)
+    search.time(first)
+    best = search.best(weights=weights, min_k=min_k)
+
+    # 2. checkpointing, where memory counts
+    if search.num_blocks and (memory_budget_bytes is not None or weights[1] > 0):
+        rows = search.rows
+
+        def over_budget(c: Candidate) -> bool:  # measured over it, or pruned / out of memory
+            row = rows[c]
+            if memory_budget_bytes is None:
+                return False
+            if row["peak_memory_bytes"] is None:
+                return (row["rejected_because"] or "").startswith(("pruned", "out of memory"))
+            return row["peak_memory_bytes"] > memory_budget_bytes and not row["rejected_because"]
+
+        twins = [c for c in stage1 if over_budget(c)]
+        if best is not None and weights[1] == 0:
+            # something fits already, and checkpointing only adds recompute: only a twin faster
+            # than the best fitting candidate can give a faster one
+            bar = rows[best]["speedup"]
+            twins = [c for c in twins if rows[c]["speedup"] is not None and rows[c]["speedup"] > bar]
+        if weights[1] > 0:
+            twins += [candidate_of(r) for r in pareto_front([rows[c] for c in first if rows[c]["speedup"] and not rows[c]["rejected_because"]])]
+        # measured twins first: under a budget the fastest (the cheapest way to fit), weighing
+        # memory without one the smallest (checkpointing extends the low-memory end); then the
+        # unmeasured ones, reduced precision and fewer splits first
+        measured = [c for c in dict.fromkeys(twins) if rows[c]["speedup"] is not None]
+        measured.sort(key=lambda c: -rows[c]["speedup"] if memory_budget_bytes is not None
+                      else rows[c]["peak_memory_bytes"])
+        unmeasured = sorted((c for c in dict.fromkeys(twins) if rows[c]["speedup"] is None),
+                            key=lambda c: (c.precision == "fp32", c.k))
+        checkpointed = [c for twin in measured + unmeasured for c in checkpointed_twins(twin, search.num_blocks)]
+        ran = search.measure_memory(checkpointed, limit=MAX_CHECKPOINTED)
+        if ran:
+            search.time([best] + ran if best else ran)
+            best = search.best(weights=weights, min_k=min_k)
+    elif memory_budget_bytes is not None and not search.num_blocks:
+        notes.append("Checkpointing not tried: the model has no known block sequence (give it checkpoint_blocks).")
+
+    # 3. speed options on the best so far, then the ones that helped, together
+    if speed_options and best is not None:
+        options = speed_option_changes(best, search.model, search.optimizer_factory, search.device, try_compile)
+        ran = search.measure_memory([best.replace(**option) for option in options])
+        if ran:
+            search.time([best] + ran)
+            base_s = search.rows[Candidate()]["seconds_per_sample"]
+            helped = [c for c in ran if helps(search.rows[c], search.rows[best], memory_budget_bytes, base_s,
+                                              run_samples)]
+            if len(helped) > 1:
+                together = best.replace(**{key: value for c in helped for key, value in changes_between(best, c).items()})
+                # timed with the baseline only: every speedup is paired with the baseline's windows,
+                # so it compares with the options' own (re-timing them cost ~6 s of a ResNet plan)
+                built = search.measure_memory([together])
+                if built:
+                    search.time(built)
+        if not try_compile:
+            notes.append(f"torch.compile not tried (try_compile=False, the default off CUDA: {COMPILE_ON_CPU}).")
+
+    rows = list(search.rows.values())
+    notes += choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=run_samples)
+    chosen = next(row for row in rows if row.get("chosen"))
+    config, good = candidate_of(chosen).config(), None
+    if adaptive_accumulation:
+        good = measure_goodput(search, candidate_of(chosen), k_max=k_max)
+        config = adaptive_config(config, good)
+    return Plan(config=config, chosen=chosen, baseline=search.rows[Candidate()], rows=rows,
+                memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=time.perf_counter() - started,
+                compile_s=search.compile_s, notes=notes, energy_source=search.energy_source, goodput=good,
+                run_samples=run_samples)
+
+
+__all__ = ["COMPILE_ON_CPU", "Candidate", "Plan", "native_reduced_precisions", "pareto_front", "plan"]

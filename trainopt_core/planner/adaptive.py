@@ -1,0 +1,88 @@
+"""With adaptive accumulation, the starting k by goodput: samples/s × statistical efficiency,
+the efficiency from the gradient noise scale B_simple of the probe batch at the initial
+weights, the samples/s from the chosen candidate's micro-batch and optimizer-step seconds."""
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+
+from ..accumulation import goodput, probe_noise_scale
+from ..config import OptimizationConfig
+from .search import Search
+from .space import Candidate
+
+
+def measure_goodput(search: Search, chosen: Candidate, *, k_max: int) -> dict:
+    """The noise scale of the probe batch at the initial weights and the chosen candidate's
+    micro-batch and optimizer-step seconds (medians over windows × steps_per_window steps), then
+    k by goodput (`goodput_choice`)."""
+    search._say("adaptive accumulation: the gradient noise scale, then micro-batch and optimizer-step time")
+    probe = probe_noise_scale(copy.deepcopy(search.model), search.batch, search.loss_fn,
+                              loss_takes_model=search.loss_takes_model)
+    trial = search.trials[chosen]
+    parts = [trial.split_step(search.device) for _ in range(search.windows * search.steps_per_window)]
+    micro_s = statistics.median(m for m, _ in parts) / chosen.k
+    optimizer_s = statistics.median(o for _, o in parts)
+    return goodput_choice(search.rows[chosen], probe.to_dict(), optimizer_s=optimizer_s, micro_s=micro_s,
+                          batch_size=search.size, k_max=k_max)
+
+
+def goodput_choice(chosen: dict, noise_scale: dict, *, optimizer_s: float, micro_s: float | None,
+                   batch_size: int, k_max: int) -> dict:
+    """Goodput (`accumulation.goodput`) of k = k_min..k_max micro-batches of the chosen split's
+    b = batch_size / k_min, relative to k_min's; the best k, and the best at either end of the
+    noise scale's interval. Without a measured `micro_s` it comes from the chosen row's timed
+    seconds per sample (a step of k_min micro-batches minus the optimizer's part)."""
+    k_min = chosen["k"]
+    b = batch_size / k_min
+    if micro_s is None:
+        micro_s = max(chosen["seconds_per_sample"] * batch_size - optimizer_s, 0.0) / k_min
+    ks = range(k_min, max(k_max, k_min) + 1)
+
+    def table(b_simple: float) -> list[dict]:
+        rows = [goodput(k, micro_batch_size=b, micro_s=micro_s, optimizer_s=optimizer_s, b_simple=b_simple,
+                        reference_batch=batch_size) for k in ks]
+        for row in rows:
+            row["relative_goodput"] = row["goodput"] / rows[0]["goodput"]
+        return rows
+
+    def best(rows: list[dict]) -> int:
+        return max(rows, key=lambda row: row["goodput"])["k"]
+
+    rows = table(noise_scale["b_simple"])
+    phi = noise_scale["b_simple"]
+    closed_form = math.inf if math.isinf(phi) else math.sqrt(phi * optimizer_s / (b * micro_s)) if micro_s > 0 else math.inf
+    return {"noise_scale": noise_scale, "micro_batch_size": b, "batch_size": batch_size, "micro_s": micro_s,
+            "optimizer_s": optimizer_s, "k_min": k_min, "k_max": max(k_max, k_min), "k": best(rows),
+            "k_at_interval": [best(table(noise_scale["ci_low"])), best(table(noise_scale["ci_high"]))],
+            "closed_form_k": closed_form, "rows": rows, "measured_on": chosen["candidate"]}
+
+
+def adaptive_config(config: OptimizationConfig, good: dict) -> OptimizationConfig:
+    return config.replace(adaptive=True, k=good["k"], k_min=good["k_min"], k_max=good["k_max"])
+
+
+def size_text(value: float) -> str:
+    return "unbounded" if math.isinf(value) else f"{value:.3g}"
+
+
+def explain_goodput(good: dict) -> list[str]:
+    noise = good["noise_scale"]
+    rows = {row["k"]: row for row in good["rows"]}
+    chosen = rows[good["k"]]
+    lines = [f"Adaptive accumulation: gradient noise scale B_simple {size_text(noise['b_simple'])} samples "
+             f"(95 % interval {size_text(noise['ci_low'])}-{size_text(noise['ci_high'])}) at the initial weights, from "
+             f"{noise['micro_batches']} micro-batches of {noise['micro_batch_size']:.3g};",
+             f"  a micro-batch of {good['micro_batch_size']:.3g} takes {good['micro_s'] * 1e3:.3g} ms and the "
+             f"optimizer step {good['optimizer_s'] * 1e3:.3g} ms (on {good['measured_on']}), so goodput (samples/s "
+             f"× statistical efficiency) peaks at k* = sqrt(B_simple·t_opt/(b·t_micro)) = {size_text(good['closed_form_k'])};",
+             f"  starting k = {good['k']} in [{good['k_min']}, {good['k_max']}] (effective batch "
+             f"{chosen['effective_batch']:.3g}; {good['k_at_interval'][0]} to {good['k_at_interval'][1]} across the "
+             "interval); eq. 6 moves k as the noise scale changes in training."]
+    if len(rows) > 1:
+        last = rows[good["k_max"]]
+        lines.append(f"  k = {good['k_max']} would give {last['relative_goodput']:.2f}x k = {good['k_min']}'s goodput "
+                     f"({last['samples_per_s'] / rows[good['k_min']]['samples_per_s']:.2f}x its samples/s, "
+                     f"{last['statistical_efficiency']:.2f} of its statistical efficiency).")
+    return lines

@@ -1,0 +1,171 @@
+"""The choice: eq. 3 (C = w1·T + w2·M + w3·E, each over the fp32 baseline's) among the measured
+candidates within the memory budget, never one slower than the baseline unless the budget forces
+it, with what each other candidate lost by and whether only within the timing noise."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..measure.costs import cost
+from .space import Candidate
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+def pareto_front(rows: Sequence[dict]) -> list[dict]:
+    """The rows no other row beats on both time (higher speedup) and peak memory, by memory."""
+    ordered = sorted(rows, key=lambda r: (r["peak_memory_bytes"], -r["speedup"]))
+    front, best_speedup = [], -math.inf
+    for row in ordered:
+        if row["speedup"] > best_speedup:
+            front.append(row)
+            best_speedup = row["speedup"]
+    return front
+
+
+def speedup_interval(row: dict) -> str:
+    low, high = row.get("speedup_ci_low"), row.get("speedup_ci_high")
+    return "n/a" if low is None or high is None else f"{low:.2f}-{high:.2f}"
+
+
+def check_weights(weights: Sequence[float]) -> tuple[float, float, float]:
+    weights = tuple(weights)
+    if len(weights) != 3 or not all(isinstance(w, (int, float)) and w >= 0 and math.isfinite(w) for w in weights) \
+            or weights[0] + weights[1] <= 0:
+        _fail("weights", weights, "three finite numbers >= 0 (time, memory, energy) with time + memory > 0")
+    return tuple(float(w) for w in weights)
+
+
+def helps(row: dict, best: dict, budget: float | None, base_s: float | None = None,
+          run_samples: int | None = None) -> bool:
+    fits = budget is None or row["peak_memory_bytes"] <= budget
+    return fits and not row["rejected_because"] and (_over_run(row, row["speedup"], base_s, run_samples)
+                                                     > _over_run(best, best["speedup"], base_s, run_samples))
+
+
+def _over_run(row: dict, speedup: float | None, base_s: float | None, run_samples: int | None) -> float | None:
+    """`speedup` (over the fp32 baseline's seconds per sample `base_s`) with the row's compile
+    seconds spread over a run of `run_samples` samples; unchanged for a row that did not compile
+    or when the run's length is not known."""
+    if speedup is None or not speedup > 0 or not run_samples or not row.get("compile_s") or not base_s:
+        return speedup
+    return base_s / (base_s / speedup + row["compile_s"] / run_samples)
+
+
+def measured_part(row: dict) -> dict:
+    """A row without what `choose` decides (so a choice can be made again)."""
+    out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None, speedup_over_run=None)
+    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality")):
+        out["rejected_because"] = None
+    return out
+
+
+def _cost_interval(row: dict) -> str:
+    return f"{row['cost_ci_low']:.3f}-{row['cost_ci_high']:.3f}"
+
+
+def _cost_intervals_overlap(row: dict, best: dict) -> bool:
+    """Whether two rows' eq. 3 cost intervals (from their speedups' 95 % intervals) overlap."""
+    if any(r.get(end) is None for r in (row, best) for end in ("cost_ci_low", "cost_ci_high")):
+        return False
+    return row["cost_ci_low"] <= best["cost_ci_high"] and best["cost_ci_low"] <= row["cost_ci_high"]
+
+
+def baseline_row(rows) -> dict:
+    return next(row for row in rows if row["candidate"] == Candidate().name)
+
+
+def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 1,
+           run_samples: int | None = None) -> list[str]:
+    """Marks the chosen row (eq. 3 among feasible timed rows with k >= `min_k`) and why each
+    other measured row lost; returns notes. ValueError when no measured candidate fits the budget.
+    With `run_samples`, a compiled row's time is its seconds per sample plus its compile seconds
+    spread over the run (`speedup_over_run`): eq. 3's T is the run's time, compiling included."""
+    notes = []
+    base = baseline_row(rows)
+
+    def speed(row: dict, key: str = "speedup") -> float | None:
+        return _over_run(row, row[key], base.get("seconds_per_sample"), run_samples)
+
+    for row in rows:
+        if run_samples and row.get("compile_s") and row["speedup"] is not None:
+            row["speedup_over_run"] = speed(row)
+    for row in rows:
+        if row["peak_memory_bytes"] is None or row["rejected_because"] or row["speedup"] is None:
+            continue
+        if budget is not None and row["peak_memory_bytes"] > budget:
+            row["rejected_because"] = f"over the budget: peak {row['peak_memory_bytes'] / 2**20:.1f} MiB"
+            continue
+        row["feasible"] = True
+    base_fits = base["feasible"]
+    for row in rows:
+        if row["feasible"] and row["k"] < min_k:
+            row["feasible"] = False
+            row["rejected_because"] = (f"adaptive accumulation needs k >= {min_k} micro-batches per step on one "
+                                       "process (the baseline is the reference)")
+    feasible = [row for row in rows if row["feasible"]]
+    if not feasible:
+        smallest = min((r for r in rows if r["peak_memory_bytes"] is not None),
+                       key=lambda r: r["peak_memory_bytes"], default=None)
+        _fail("memory_budget_bytes", budget, "a budget some candidate fits; the smallest measured peak was "
+              + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
+    forced_by_k = False
+    if base_fits:
+        slower = [row for row in feasible if row is not base and speed(row) < 1.0]
+        if len(slower) == len(feasible):  # only with adaptive accumulation (the baseline is feasible otherwise)
+            fastest = max(feasible, key=speed)
+            notes.append(f"Every split with k >= {min_k} runs slower than the fp32 baseline: with adaptive "
+                         f"accumulation the plan runs at {speed(fastest):.2f}x its speed at best.")
+            slower, forced_by_k = [], True
+        for row in slower:
+            row["feasible"] = False
+            row["rejected_because"] = f"slower than the fp32 baseline ({row['speedup']:.2f}x)"
+            if row.get("speedup_over_run") is not None:
+                row["rejected_because"] = (f"slower than the fp32 baseline over the run ({row['speedup_over_run']:.2f}x: "
+                                           f"{row['speedup']:.2f}x per step, but compiling took "
+                                           f"{row['compile_s']:.1f} s, spread over {run_samples:,} samples)")
+        feasible = [row for row in feasible if row["feasible"]]
+    else:
+        notes.append("The budget rules out the fp32 baseline (peak "
+                     f"{base['peak_memory_bytes'] / 2**20:.1f} MiB): the plan may be slower than it.")
+    # time enters as 1/speedup (paired with the baseline in the same windows), energy per sample
+    with_energy = all(row["energy_j_per_sample"] is not None for row in feasible + [base])
+    reference = {"time_to_target_s": 1.0, "peak_memory_bytes": base["peak_memory_bytes"],
+                 "energy_j": base["energy_j_per_sample"] if with_energy else None}
+
+    def eq3(row: dict, speedup: float) -> float:
+        return cost(1.0 / speedup, row["peak_memory_bytes"], row["energy_j_per_sample"] if with_energy else None,
+                    baseline=reference, weights=weights)["cost"]
+
+    for row in feasible:
+        row["cost"] = eq3(row, speed(row))
+        ends = (speed(row, "speedup_ci_low"), speed(row, "speedup_ci_high"))
+        if all(end is not None and end > 0 for end in ends):  # the speedup's 95 % interval, as cost
+            row["cost_ci_low"], row["cost_ci_high"] = sorted(eq3(row, end) for end in ends)
+    best = min(feasible, key=lambda row: row["cost"])
+    best["chosen"] = True
+    within_noise = []
+    for row in feasible:
+        if row is not best:
+            row["rejected_because"] = f"higher eq. 3 cost ({row['cost']:.3f} vs {best['cost']:.3f})"
+            if _cost_intervals_overlap(row, best):
+                row["rejected_because"] += (f"; within the timing noise: 95 % intervals {_cost_interval(row)} vs "
+                                            f"{_cost_interval(best)} overlap")
+                within_noise.append(row["candidate"])
+    if within_noise:
+        notes.append("Within the timing noise of the choice (eq. 3 cost intervals overlap): "
+                     f"{'; '.join(repr(name) for name in within_noise)}; a plan made again may choose one of them.")
+    if base in feasible and base is not best and base["candidate"] in within_noise:
+        notes.append(f"The choice's speedup interval ({speedup_interval(best)}) reaches 1x: this timing cannot tell it "
+                     "from the fp32 baseline.")
+    if speed(best) < 1.0 and not forced_by_k:
+        notes.append(f"The chosen configuration runs at {speed(best):.2f}x the fp32 baseline's speed: "
+                     "the budget forces it.")
+    if best.get("speedup_over_run") is not None:
+        notes.append(f"The choice compiles: {best['speedup']:.2f}x the baseline per step, {best['speedup_over_run']:.2f}x "
+                     f"over the run's {run_samples:,} samples with compiling's {best['compile_s']:.1f} s "
+                     "(a recompile later in the run, for a new input shape or evaluation mode, is not counted; "
+                     "evaluating under torch.compiler.set_stance('force_eager') avoids one).")
+    return notes

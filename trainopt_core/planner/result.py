@@ -1,0 +1,175 @@
+"""`Plan`: what `plan()` measured and chose -- as a table, in words and in figures -- and the
+same measurements chosen again under another budget or weights, without running anything."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..config import OptimizationConfig
+from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text
+from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval
+from .space import candidate_of
+
+
+def _fail(argument: str, value, allowed: str) -> None:
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+
+
+@dataclass
+class Plan:
+    """What `plan()` measured and chose. `config` is the chosen OptimizationConfig; `rows` one dict
+    per candidate (measured or pruned): seconds per sample, speedup over the fp32 baseline (paired,
+    with its 95 % interval), peak memory, energy per sample where measurable, feasibility and why a
+    candidate was rejected. `explain()` says it in words; `pareto_figure()` draws it;
+    `rechoose()` applies another budget or weights to the same measurements."""
+
+    config: OptimizationConfig
+    chosen: dict
+    baseline: dict
+    rows: list[dict]
+    memory_budget_bytes: float | None
+    weights: tuple[float, float, float]
+    planning_s: float
+    compile_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    energy_source: str | None = None
+    goodput: dict | None = None  # with adaptive accumulation: the noise scale and k by goodput
+    run_samples: int | None = None  # the run's length, over which a compiled candidate's compile time is spread
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows).set_index("candidate")
+
+    def to_dict(self) -> dict:
+        """JSON-ready: what a run record stores."""
+        return {"config": self.config.computation_fields(), "chosen": self.chosen["candidate"],
+                "memory_budget_bytes": self.memory_budget_bytes, "weights": list(self.weights),
+                "planning_s": self.planning_s, "compile_s": self.compile_s, "notes": list(self.notes),
+                "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows],
+                "goodput": self.goodput, "run_samples": self.run_samples}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Plan":
+        rows = [dict(row) for row in values["rows"]]
+        chosen = next(row for row in rows if row["candidate"] == values["chosen"])
+        baseline = baseline_row(rows)
+        return cls(config=OptimizationConfig.from_dict(values["config"]), chosen=chosen, baseline=baseline, rows=rows,
+                   memory_budget_bytes=values["memory_budget_bytes"], weights=tuple(values["weights"]),
+                   planning_s=values["planning_s"], compile_s=values.get("compile_s", 0.0),
+                   notes=list(values.get("notes", [])), energy_source=values.get("energy_source"),
+                   goodput=values.get("goodput"), run_samples=values.get("run_samples"))
+
+    def rechoose(self, *, memory_budget_bytes: float | None = None, weights: Sequence[float] | None = None) -> "Plan":
+        """The same measurements chosen again under another budget and/or weights (nothing is
+        run). Candidates this plan did not measure stay unmeasured: with a tighter budget,
+        checkpointing may only have been measured where this plan's budget called for it, and
+        the returned plan says so; `plan()` again measures them."""
+        weights = self.weights if weights is None else check_weights(weights)
+        if memory_budget_bytes is not None and not memory_budget_bytes > 0:
+            _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
+        rows = [measured_part(row) for row in self.rows]
+        notes = choose(rows, memory_budget_bytes, weights, min_k=2 if self.goodput else 1, run_samples=self.run_samples)
+        if not any(row["checkpointing"] is not None and row["peak_memory_bytes"] is not None for row in rows):
+            notes.append("Checkpointing was not measured in the plan this one re-chooses from; plan() again "
+                         "with this budget to measure it.")
+        chosen = next(row for row in rows if row.get("chosen"))
+        baseline = baseline_row(rows)
+        config, good = candidate_of(chosen).config(), None
+        if self.goodput:
+            # the same noise scale and optimizer-step time; a micro-batch's time from the newly
+            # chosen candidate's timed seconds per sample when it is not the one measured
+            micro_s = self.goodput["micro_s"] if chosen["candidate"] == self.chosen["candidate"] else None
+            good = goodput_choice(chosen, self.goodput["noise_scale"], optimizer_s=self.goodput["optimizer_s"],
+                                  micro_s=micro_s, batch_size=self.goodput["batch_size"], k_max=self.goodput["k_max"])
+            config = adaptive_config(config, good)
+        return Plan(config=config, chosen=chosen, baseline=baseline, rows=rows,
+                    memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=self.planning_s,
+                    compile_s=self.compile_s, notes=notes, energy_source=self.energy_source, goodput=good,
+                    run_samples=self.run_samples)
+
+    def explain(self) -> str:
+        base, best = self.baseline, self.chosen
+        budget = "no memory budget" if self.memory_budget_bytes is None else \
+            f"a memory budget of {self.memory_budget_bytes / 2**20:.1f} MiB"
+        lines = [f"Chose {best['candidate']} under {budget}, by eq. 3 with weights (time, memory, energy) = "
+                 f"{tuple(round(w, 3) for w in self.weights)}:",
+                 f"  {best['speedup']:.2f}x the fp32 baseline's samples/s "
+                 f"(95 % interval {speedup_interval(best)}), peak memory {best['peak_memory_bytes'] / 2**20:.1f} MiB "
+                 f"vs {base['peak_memory_bytes'] / 2**20:.1f} MiB.",
+                 f"  Energy: {self.energy_source or 'not measured'}."]
+        for row in self.rows:
+            if row["candidate"] != best["candidate"] and row["rejected_because"]:
+                lines.append(f"  {row['candidate']}: {row['rejected_because']}")
+        lines += [f"  {note}" for note in self.notes]
+        if self.goodput:
+            lines += ["  " + line for line in explain_goodput(self.goodput)]
+        lines.append(f"Planning took {self.planning_s:.1f} s" +
+                     (f", of which compiling {self.compile_s:.1f} s." if self.compile_s else "."))
+        return "\n".join(lines)
+
+    def pareto_figure(self, ax=None):
+        """Seconds per sample (relative to the fp32 baseline, 1/speedup) against peak memory for
+        every measured candidate: the Pareto front joined, the chosen one ringed, infeasible ones
+        grey, the budget as a line. Returns the matplotlib Figure."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 4.5))
+        measured = [r for r in self.rows if r.get("speedup") and r["peak_memory_bytes"] is not None]
+        for row in measured:
+            x, y = row["peak_memory_bytes"] / 2**20, 1.0 / row["speedup"]
+            ax.scatter(x, y, color="tab:blue" if row["feasible"] else "0.7", zorder=3,
+                       marker="s" if row["checkpointing"] is not None else "o")
+        front = pareto_front(measured)
+        ax.plot([r["peak_memory_bytes"] / 2**20 for r in front], [1.0 / r["speedup"] for r in front],
+                color="tab:blue", lw=1, label="Pareto front (time, memory)")
+        best = self.chosen
+        ax.scatter(best["peak_memory_bytes"] / 2**20, 1.0 / best["speedup"], s=200, facecolors="none",
+                   edgecolors="tab:red", lw=2, zorder=4, label=f"chosen: {best['candidate']}")
+        base = self.baseline
+        ax.annotate("fp32 baseline", (base["peak_memory_bytes"] / 2**20, 1.0), textcoords="offset points",
+                    xytext=(5, 5), fontsize=8)
+        if self.memory_budget_bytes is not None:
+            ax.axvline(self.memory_budget_bytes / 2**20, color="tab:red", ls="--", lw=1, label="memory budget")
+        ax.set_xlabel("peak memory of a training step (MiB)")
+        ax.set_ylabel("seconds per sample / fp32 baseline's")
+        ax.set_title("Candidates measured by plan() (squares: checkpointing; grey: rejected)", fontsize=10)
+        ax.legend(fontsize=8)
+        return ax.figure
+
+    def goodput_figure(self, ax=None):
+        """With adaptive accumulation: goodput, samples/s and statistical efficiency against k,
+        each relative to k_min's, with the goodput at the two ends of the noise scale's 95 %
+        interval as a band and the chosen k marked. Returns the matplotlib Figure."""
+        import matplotlib.pyplot as plt
+
+        if not self.goodput:
+            raise ValueError("goodput_figure() needs a plan made with adaptive_accumulation=True")
+        good = self.goodput
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 4.5))
+        ks = [row["k"] for row in good["rows"]]
+        first = good["rows"][0]
+        ax.plot(ks, [row["samples_per_s"] / first["samples_per_s"] for row in good["rows"]], "--", color="0.4",
+                label="samples/s (step-time model)")
+        ax.plot(ks, [row["statistical_efficiency"] for row in good["rows"]], ":", color="0.4",
+                label="statistical efficiency")
+        ax.plot(ks, [row["relative_goodput"] for row in good["rows"]], "o-", color="tab:blue", label="goodput")
+        noise = good["noise_scale"]
+        ends = [goodput_choice({"k": good["k_min"], "candidate": good["measured_on"]},
+                               dict(noise, b_simple=value), optimizer_s=good["optimizer_s"], micro_s=good["micro_s"],
+                               batch_size=good["batch_size"], k_max=good["k_max"])["rows"]
+                for value in (noise["ci_low"], noise["ci_high"])]
+        low, high = ([min(a["relative_goodput"], b["relative_goodput"]) for a, b in zip(*ends)],
+                     [max(a["relative_goodput"], b["relative_goodput"]) for a, b in zip(*ends)])
+        ax.fill_between(ks, low, high, color="tab:blue", alpha=0.15,
+                        label=f"goodput over B_simple's 95 % interval ({size_text(noise['ci_low'])}-{size_text(noise['ci_high'])})")
+        chosen = next(row for row in good["rows"] if row["k"] == good["k"])
+        ax.scatter([good["k"]], [chosen["relative_goodput"]], s=200, facecolors="none", edgecolors="tab:red", lw=2,
+                   zorder=4, label=f"chosen: k = {good['k']}")
+        ax.set_xlabel(f"k (micro-batches of {good['micro_batch_size']:.3g} per optimizer step)")
+        ax.set_ylabel(f"relative to k = {good['k_min']}")
+        ax.set_title(f"Goodput by k (B_simple {size_text(noise['b_simple'])} at the initial weights)", fontsize=10)
+        ax.legend(fontsize=8)
+        return ax.figure
