@@ -10,6 +10,7 @@ import torch
 from trainopt_core import measure
 from trainopt_core.reproduction import records as run_records
 from trainopt_core.reproduction import runner
+from trainopt_core.reproduction import twins
 from trainopt_core.reporting import results
 from trainopt_core.reproduction.profiles import TIMING_ONLY_SETTINGS, get_profile
 from trainopt_core.config import OptimizationConfig
@@ -202,7 +203,7 @@ def test_a_checkpointed_run_without_a_twin_trains_its_curve_without_checkpointin
     out = tmp_path / "smoke" / "runs"  # where the tables look: <reports>/<profile>/runs
     kwargs = dict(profile="smoke", seed=0, out_dir=out, data_policy="standin", progress=False)
     derived = runner.run("wikitext2", "+checkpointing", **kwargs)
-    (curve_path,) = (out / runner.CURVE_RUNS).glob("*.json")
+    (curve_path,) = (out / twins.CURVE_RUNS).glob("*.json")
     curve = run_records.load_record(curve_path)
     assert curve["config_name"] == "+checkpointing without checkpointing" and curve["config"]["checkpointing"] is None
     assert derived["quality_from"] == curve["config_name"] and derived["config"]["checkpointing"] == "sqrt"

@@ -14,14 +14,14 @@ one process computes exactly what its ZeRO-0 twin did (`records.computation_hash
 CPU a configuration that differs from a finished one only by activation checkpointing trains
 bit-identically to it (`records.quality_hash`). The first takes the whole record; the second
 takes the quality curve and measures its own memory and speed in a few optimizer steps
-(`quality_from` names the run; it has no whole-run clock).
+(`quality_from` names the run; it has no whole-run clock). Both are in `reproduction.twins`;
+the run's in-run checkpoints in `reproduction.resume`.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +33,10 @@ from .. import measure
 from ..compose import prepare
 from ..config import OptimizationConfig
 from ..precision import NonFiniteTrainingError
-from . import autoplan, resume
+from . import autoplan, resume, twins
 from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
-from .records import (
-    RECORD_SCHEMA, computation_hash, condition_differences, load_record, quality_hash, record_path, run_conditions,
-    same_computation_notes, write_record,
-)
+from .records import (RECORD_SCHEMA, computation_hash, condition_differences, load_record, quality_hash, record_path,
+                      run_conditions, write_record)
 from .tasks import Task, build_task
 
 # ------------------------------------------------------------------ configuration for a run
@@ -143,24 +141,24 @@ def run(
         existing = load_record(path)
         if existing is not None and not condition_differences(existing, conditions, ignore_settings=TIMING_ONLY_SETTINGS):
             return existing  # made here, under these conditions: reused
-        twin = _finished_twin(Path(out_dir), task, profile, seed, conditions, lambda made: (
+        twin = twins.finished_twin(Path(out_dir), task, profile, seed, conditions, lambda made: (
             made.get("computation_hash") == computation and not made.get("computed_as")))
         if twin is not None and options.max_steps is None:
-            record = dict(_as_twin_of(twin, cfg, resolved_notes=notes), **planned)
+            record = dict(twins.as_twin_of(twin, cfg, resolved_notes=notes), **planned)
             if rank == 0:
                 write_record(path, record)
             return record
         curve = dict(world_size=world_size, backend=options.backend, device_type=device.type)
         same_curve = quality_hash(cfg, **curve)
-        quality_twin = None if same_curve is None else _finished_twin(
+        quality_twin = None if same_curve is None else twins.finished_twin(
             Path(out_dir), task, profile, seed, conditions,
-            lambda made: not made.get("quality_from") and _quality_hash_of(made, **curve) == same_curve)
+            lambda made: not made.get("quality_from") and twins.quality_hash_of(made, **curve) == same_curve)
         if quality_twin is None and same_curve is not None and cfg.checkpointing is not None and options.max_steps is None:
             quality_twin = _train_curve(task, cfg, profile=profile, seed=seed, out_dir=Path(out_dir), options=options)
         if quality_twin is not None and options.max_steps is None:
             probe = run(task, cfg, profile=profile, seed=seed, out_dir=out_dir, options=dataclasses.replace(
-                options, max_steps=prof.throughput_warmup_steps + PROBE_MEASURED_STEPS, rerun=True, progress=False))
-            record = dict(_with_quality_of(quality_twin, probe, resolved_notes=notes), **planned)
+                options, max_steps=prof.throughput_warmup_steps + twins.PROBE_MEASURED_STEPS, rerun=True, progress=False))
+            record = dict(twins.with_quality_of(quality_twin, probe, resolved_notes=notes), **planned)
             if rank == 0:
                 write_record(path, record)
             return record
@@ -177,10 +175,10 @@ def run(
     memory = measure.PeakMemory(device)
     tracked_step = prof.throughput_warmup_steps  # the optimizer step whose memory is broken down
     train_time_s, next_eval_samples = 0.0, 0
-    batches = _CountedBatches(bundle.train_batches(micro, seed=seed))
+    batches = resume.CountedBatches(bundle.train_batches(micro, seed=seed))
     # a checkpoint resumes only the run that wrote it: world size, micro-batch and the rest follow
     # from these (conditions hold the machine, backend, world size and profile settings)
-    checkpoints = _Checkpoints(path, prof, options, rank=rank, world_size=world_size, identity=dict(
+    checkpoints = resume.RunCheckpoints(path, prof, options, rank=rank, world_size=world_size, identity=dict(
         task=task, config=cfg.computation_fields(), seed=seed, profile=profile, conditions=conditions,
         code=measure.manifest.code_commit()))
     carried = checkpoints.newest()
@@ -188,7 +186,7 @@ def run(
         history, steps, train_time_s, next_eval_samples = (
             carried["history"], carried["steps"], carried["train_time_s"], carried["next_eval_samples"])
         checkpoints.restore_training_state(carried, bundle.model, engine)
-        _restore(carried, throughput, batches)
+        resume.restore_position(carried, throughput, batches)
         notes.append(f"resumed from its in-run checkpoint after optimizer step {carried['step']} "
                      f"(a previous attempt was interrupted; wall-clock fields cover the attempts' training)")
     bar = tqdm(total=total_samples, initial=engine.samples_consumed, desc=f"{task} {cfg.name} seed {seed}",
@@ -225,8 +223,8 @@ def run(
                 checkpoints.save(engine.optimizer_steps, bundle.model, engine, dict(
                     rng=resume.rng_state(), micro_batches=batches.drawn,
                     history=history, steps=steps, train_time_s=train_time_s, next_eval_samples=next_eval_samples,
-                    throughput={key: getattr(throughput, key) for key in _THROUGHPUT_STATE},
-                    memory=_memory_summary(memory, carried), energy_j=_energy_so_far(energy, carried),
+                    throughput={key: getattr(throughput, key) for key in resume.THROUGHPUT_STATE},
+                    memory=resume.memory_summary(memory, carried), energy_j=resume.energy_so_far(energy, carried),
                     wall_s=time.perf_counter() - wall_start))
         with memory.evaluation():
             history.append(_evaluate(bundle, engine, model, train_time_s, steps))
@@ -239,10 +237,10 @@ def run(
                                     conditions=conditions, history=history, steps=steps, notes=notes))
         raise
     bar.close()
-    energy_j, energy_source = _energy_so_far(energy, carried), energy.energy_source
+    energy_j, energy_source = resume.energy_so_far(energy, carried), energy.energy_source
     wall_s = time.perf_counter() - wall_start
     engine.close()
-    summary = _memory_summary(memory, carried)
+    summary = resume.memory_summary(memory, carried)
 
     times = [h["time_s"] for h in history]
     qualities = [h["quality"] for h in history]
@@ -318,220 +316,14 @@ def _drop_superseded_auto_records(out_dir: Path, kept: Path, task: str, profile:
             stale.unlink(missing_ok=True)
 
 
-# ------------------------------------------------------------------ in-run checkpoints
-_THROUGHPUT_STATE = ("steps", "training_time_s", "training_items", "measured_time_s", "measured_items")
-
-
-class _CountedBatches:
-    """The task's micro-batch stream, counting what it handed out (a checkpoint's data position)."""
-
-    def __init__(self, batches):
-        self._batches, self.drawn = batches, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        batch = next(self._batches)
-        self.drawn += 1
-        return batch
-
-
-class _Checkpoints:
-    """When and where a run checkpoints itself (`reproduction.resume`; off for truncated runs).
-
-    Torch backend: model, optimizer and engine state go into each rank's checkpoint file. DeepSpeed
-    backend: they go through DeepSpeed's own checkpoint API (`engine.save_checkpoint`: module,
-    ZeRO-partitioned optimizer state, loss scaler, engine state) into `<checkpoints>/deepspeed/
-    step<N>/`, written by every rank before any rank writes its own file; a step counts as saved
-    only when every rank's file exists, so a kill during DeepSpeed's save leaves no usable step N."""
-
-    def __init__(self, record_file: Path, prof: TaskProfile, options: RunOptions, *, rank: int, world_size: int,
-                 identity: dict):
-        every = options.checkpoint_every_steps
-        if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 0):
-            raise ValueError(f"checkpoint_every_steps={every!r} is invalid: allowed None (the profile's "
-                             "checkpoint_every_minutes), 0 (off) or an integer >= 1")
-        self.every_steps = every or None
-        minutes = prof.checkpoint_every_minutes if every is None else None
-        self.every_s = minutes * 60.0 if minutes else None
-        self.on = options.max_steps is None and bool(self.every_steps or self.every_s)
-        self.deepspeed = options.backend == "deepspeed"
-        self.directory = resume.checkpoint_dir(record_file)
-        self.engine_dir = self.directory / "deepspeed"
-        self.rank, self.world_size, self.identity = rank, world_size, resume.as_saved(identity)
-        self.fresh = options.rerun
-        self._last_save = time.perf_counter()
-
-    def newest(self) -> dict | None:
-        """The checkpoint to resume from; None to start from the beginning. `RunOptions.rerun`
-        asks for a new measurement: an interrupted attempt's checkpoints are dropped."""
-        if not self.on:
-            return None
-        if self.fresh:
-            if self.rank == 0:
-                resume.remove(self.directory)
-            if self.world_size > 1:
-                torch.distributed.barrier()
-            return None
-        return resume.newest_loadable(self.directory, self.rank, self.identity, self.world_size)
-
-    def due(self, step: int) -> bool:
-        if not self.on:
-            return False
-        if self.every_steps:
-            return step % self.every_steps == 0
-        due = time.perf_counter() - self._last_save >= self.every_s
-        if self.world_size > 1:  # rank 0's clock decides, so every rank saves the same step
-            flag = torch.tensor([int(due)], dtype=torch.int64, device=resume.collective_device())
-            torch.distributed.broadcast(flag, src=0)
-            due = bool(flag.item())
-        return due
-
-    def save(self, step: int, module: torch.nn.Module, engine, payload: dict) -> None:
-        if self.deepspeed:
-            engine.save_checkpoint(self.engine_dir, tag=self.tag(step))
-            if self.world_size > 1:
-                torch.distributed.barrier()  # every rank's DeepSpeed files are down before any marks the step
-        else:
-            payload = dict(payload, model=module.state_dict(), optimizer=engine.optimizer.state_dict(),
-                           engine=engine.state_dict())
-        resume.save(self.directory, step, self.rank, dict(payload, identity=self.identity))
-        if self.deepspeed and self.rank == 0:  # DeepSpeed's folders of the steps no longer kept
-            kept = {self.tag(kept_step) for kept_step in resume.steps_saved(self.directory, 0)}
-            for folder in self.engine_dir.iterdir():
-                if folder.is_dir() and folder.name not in kept and folder.name < self.tag(step):
-                    shutil.rmtree(folder, ignore_errors=True)
-        self._last_save = time.perf_counter()
-
-    @staticmethod
-    def tag(step: int) -> str:
-        return f"step{step:07d}"
-
-    def restore_training_state(self, carried: dict, module: torch.nn.Module, engine) -> None:
-        """Model, optimizer and engine state of the checkpoint `carried` belongs to."""
-        if self.deepspeed:
-            engine.load_checkpoint(self.engine_dir, tag=self.tag(carried["step"]))
-            return
-        module.load_state_dict(carried["model"])
-        engine.optimizer.load_state_dict(carried["optimizer"])
-        engine.load_state_dict(carried["engine"])
-
-    def finished(self) -> None:
-        if self.on and self.rank == 0:
-            resume.remove(self.directory)
-
-
-def _restore(carried: dict, throughput, batches: _CountedBatches) -> None:
-    for key in _THROUGHPUT_STATE:
-        setattr(throughput, key, carried["throughput"][key])
-    for _ in range(carried["micro_batches"]):  # the data stream's own generator replays its draws
-        next(batches)
-    resume.set_rng_state(carried["rng"])
-
-
-def _memory_summary(memory, carried: dict | None) -> dict:
-    """Peaks (and the breakdown at the larger peak) over this attempt and the resumed ones."""
-    now = dict(peak=memory.peak_bytes(), evaluation_peak=memory.evaluation_peak_bytes(), breakdown=memory.breakdown())
-    if carried is None:
-        return now
-    before = carried["memory"]
-    larger = lambda a, b: b if a is None else a if b is None else max(a, b)  # noqa: E731
-    earlier_wins = before["peak"] is not None and (now["peak"] is None or before["peak"] >= now["peak"])
-    return dict(peak=larger(before["peak"], now["peak"]),
-                evaluation_peak=larger(before["evaluation_peak"], now["evaluation_peak"]),
-                breakdown=before["breakdown"] if earlier_wins else now["breakdown"])
-
-
-def _energy_so_far(energy, carried: dict | None) -> float | None:
-    """Joules of this attempt (a reading since start; the meter keeps counting) plus the
-    interrupted attempts' (None where the meter has no counter)."""
-    joules, _ = energy.stop()
-    if joules is None:
-        return None
-    return joules + ((carried["energy_j"] or 0.0) if carried else 0.0)
-
-
-# Where a checkpointed configuration's quality curve is trained without checkpointing (runner:
-# `_train_curve`): a subfolder of the runs, so the tables, which read the runs folder itself, never
-# list these runs as configurations of their own.
-CURVE_RUNS = "curves"
-CURVE_SUFFIX = " without checkpointing"
-
-
 def _train_curve(task: str, cfg: OptimizationConfig, *, profile: str, seed: int, out_dir: Path,
                  options: RunOptions) -> dict:
     """The run record of `cfg` without its activation checkpointing, trained (or reused) in
     ``<out_dir>/curves/``. Where `records.quality_hash` holds, the two train bit-identically, so
     the un-checkpointed run, which is faster, gives the curve and the checkpointed configuration
     measures only its own memory and speed (a short probe)."""
-    curve_cfg = cfg.replace(name=f"{cfg.name}{CURVE_SUFFIX}", checkpointing=None, checkpoint_policy="full")
-    return run(task, curve_cfg, profile=profile, seed=seed, out_dir=out_dir / CURVE_RUNS, options=options)
-
-
-def _finished_twin(out_dir: Path, task: str, profile: str, seed: int, conditions: dict, same) -> dict | None:
-    """The first finished record of this seed, made under the same conditions, for which
-    `same(record)` holds (the same computation: `records.computation_hash`; the same quality
-    curve: `records.quality_hash`), or None. The runs folder is searched first, then the
-    un-checkpointed curve runs in its `curves/` subfolder."""
-    pattern = f"{task}__*__{profile}__*__seed{seed}.json"
-    for candidate in [*sorted(out_dir.glob(pattern)), *sorted((out_dir / CURVE_RUNS).glob(pattern))]:
-        record = load_record(candidate)
-        if (record is not None and record.get("seed") == seed
-                and not condition_differences(record, conditions, ignore_settings=TIMING_ONLY_SETTINGS) and same(record)):
-            return record
-    return None
-
-
-def _quality_hash_of(record: dict, **curve) -> str | None:
-    try:
-        return quality_hash(OptimizationConfig.from_dict(record["config"]), **curve)
-    except (KeyError, TypeError, ValueError):  # a record of another code version's configuration
-        return None
-
-
-# optimizer steps a run whose quality curve comes from its checkpointing twin measures itself,
-# after the warm-up: the step whose memory is broken down and one timed step
-PROBE_MEASURED_STEPS = 2
-# what such a run measures itself; the rest of its metrics come from the twin's curve or,
-# being clock readings of a whole run, are None
-_PROBE_METRICS = ("throughput", "throughput_unit", "peak_memory_bytes", "evaluation_peak_memory_bytes", "memory_source",
-                  "memory_breakdown_bytes", "flops_per_item", "peak_flops_per_s", "peak_flops_source", "flops_utilization",
-                  "energy_source", "zero_bucket_sizes", "wall_s")
-_CURVE_METRICS = ("samples_to_target", "steps_to_target", "target", "final_quality", "quality_name", "skipped_steps",
-                  "optimizer_steps")
-
-
-def _with_quality_of(twin: dict, probe: dict, *, resolved_notes=()) -> dict:
-    """The record of a run whose quality curve is `twin`'s: identity, memory and speed from its
-    own first optimizer steps (`probe`), curve and steps from `twin` without its clock; the notes
-    of resolving its configuration (e.g. fp16 -> bf16 on CPU) first, as a run of its own has them."""
-    def unclocked(entries: list[dict]) -> list[dict]:
-        return [dict(entry, time_s=None) for entry in entries]
-
-    metrics = {key: probe["metrics"].get(key) for key in _PROBE_METRICS}
-    metrics.update({key: twin["metrics"].get(key) for key in _CURVE_METRICS})
-    metrics.update(time_to_target_wall_s=None, train_time_s=None, energy_j=None,
-                   probe_optimizer_steps=probe["metrics"]["optimizer_steps"])
-    record = dict(probe, status="complete", quality_from=twin["config_name"], history=unclocked(twin["history"]),
-                  steps=unclocked(twin["steps"]), metrics=metrics)
-    record["notes"] = [*[n for n in resolved_notes if n not in probe["notes"]], *probe["notes"], (
-        f"quality curve from the run of {twin['config_name']!r}: activation checkpointing recomputes the same "
-        f"values, so both train bit-identically; memory and throughput measured in this configuration's own first "
-        f"{probe['metrics']['optimizer_steps']} optimizer steps; no whole-run clock (time to target comes from the "
-        f"interleaved timing windows)")]
-    return record
-
-
-def _as_twin_of(twin: dict, cfg: OptimizationConfig, *, resolved_notes=()) -> dict:
-    """`twin`'s measurements under `cfg`'s name, saying which run they come from and why, with the
-    notes of resolving `cfg` (on a CPU without bf16, +mixed_precision runs fp32: +accumulation's run)."""
-    record = dict(twin, config_name=cfg.name, config=cfg.to_dict(), config_hash=cfg.config_hash(),
-                  computed_as=twin["config_name"])
-    record["notes"] = same_computation_notes(resolved_notes, twin, zero_stage=cfg.zero_stage,
-                                             measured_zero_stage=twin.get("config", {}).get("zero_stage", 0),
-                                             source=f"measured by the run of {twin['config_name']!r}")
-    return record
+    curve_cfg = cfg.replace(name=f"{cfg.name}{twins.CURVE_SUFFIX}", checkpointing=None, checkpoint_policy="full")
+    return run(task, curve_cfg, profile=profile, seed=seed, out_dir=out_dir / twins.CURVE_RUNS, options=options)
 
 
 # the run record's per-step field -> the engine's stats() key (records keep their schema-2 names)
