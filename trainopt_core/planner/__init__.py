@@ -54,14 +54,10 @@ from .adaptive import adaptive_config, measure_goodput
 from .choice import check_weights, choose, helps, pareto_front
 from .result import Plan
 from .search import Search
-from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
+from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins, fail,
                     native_reduced_precisions, precision_splits, speed_option_changes)
 
 MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[torch.Tensor],
@@ -101,25 +97,25 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     """
     started = time.perf_counter()
     if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
-        _fail("batch", type(batch).__name__, "a sequence (inputs..., targets) of tensors (with loss_takes_model, "
-              "of at least one tensor)")
+        fail("batch", type(batch).__name__, "a sequence (inputs..., targets) of tensors (with loss_takes_model, "
+             "of at least one tensor)")
     size = len(batch[0])
     if any(len(t) != size for t in batch):
-        _fail("batch", [tuple(t.shape) for t in batch], "tensors with the same first dimension (the batch size)")
+        fail("batch", [tuple(t.shape) for t in batch], "tensors with the same first dimension (the batch size)")
     if memory_budget_bytes is not None and not memory_budget_bytes > 0:
-        _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
+        fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
     weights = check_weights(weights)
     if run_samples is not None and (not isinstance(run_samples, int) or isinstance(run_samples, bool) or run_samples < 1):
-        _fail("run_samples", run_samples, "None (the run's length unknown) or an integer >= 1 (samples the run trains on)")
+        fail("run_samples", run_samples, "None (the run's length unknown) or an integer >= 1 (samples the run trains on)")
     for argument, value in (("windows", windows), ("steps_per_window", steps_per_window)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            _fail(argument, value, "an integer >= 1")
+            fail(argument, value, "an integer >= 1")
     min_k = 2 if adaptive_accumulation else 1
     if adaptive_accumulation and (not isinstance(k_max, int) or isinstance(k_max, bool) or k_max < 2):
-        _fail("k_max", k_max, "an integer >= 2 (the largest k adaptive accumulation may reach)")
+        fail("k_max", k_max, "an integer >= 2 (the largest k adaptive accumulation may reach)")
     if adaptive_accumulation and size < 6:
-        _fail("batch", f"a batch of {size}", "with adaptive_accumulation, a batch of >= 6 samples (>= 3 micro-batches "
-              "for the noise scale's interval, split into >= 2)")
+        fail("batch", f"a batch of {size}", "with adaptive_accumulation, a batch of >= 6 samples (>= 3 micro-batches "
+             "for the noise scale's interval, split into >= 2)")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     if try_compile is None:
         try_compile = device.type == "cuda"

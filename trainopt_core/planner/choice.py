@@ -7,11 +7,7 @@ import math
 from typing import Sequence
 
 from ..measure.costs import cost
-from .space import Candidate
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+from .space import Candidate, fail
 
 
 def pareto_front(rows: Sequence[dict]) -> list[dict]:
@@ -34,7 +30,7 @@ def check_weights(weights: Sequence[float]) -> tuple[float, float, float]:
     weights = tuple(weights)
     if len(weights) != 3 or not all(isinstance(w, (int, float)) and w >= 0 and math.isfinite(w) for w in weights) \
             or weights[0] + weights[1] <= 0:
-        _fail("weights", weights, "three finite numbers >= 0 (time, memory, energy) with time + memory > 0")
+        fail("weights", weights, "three finite numbers >= 0 (time, memory, energy) with time + memory > 0")
     return tuple(float(w) for w in weights)
 
 
@@ -109,8 +105,8 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     if not feasible:
         smallest = min((r for r in rows if r["peak_memory_bytes"] is not None),
                        key=lambda r: r["peak_memory_bytes"], default=None)
-        _fail("memory_budget_bytes", budget, "a budget some candidate fits; the smallest measured peak was "
-              + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
+        fail("memory_budget_bytes", budget, "a budget some candidate fits; the smallest measured peak was "
+             + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
     forced_by_k = False
     if base_fits:
         slower = [row for row in feasible if row is not base and speed(row) < 1.0]

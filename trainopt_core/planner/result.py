@@ -8,11 +8,7 @@ from typing import Sequence
 from ..config import OptimizationConfig
 from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text
 from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval
-from .space import candidate_of
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+from .space import candidate_of, fail
 
 
 @dataclass
@@ -67,7 +63,7 @@ class Plan:
         the returned plan says so; `plan()` again measures them."""
         weights = self.weights if weights is None else check_weights(weights)
         if memory_budget_bytes is not None and not memory_budget_bytes > 0:
-            _fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
+            fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
         rows = [measured_part(row) for row in self.rows]
         notes = choose(rows, memory_budget_bytes, weights, min_k=2 if self.goodput else 1, run_samples=self.run_samples)
         if not any(row["checkpointing"] is not None and row["peak_memory_bytes"] is not None for row in rows):

@@ -18,7 +18,8 @@ COMPILE_ON_CPU = ("on 2-core CPUs compiling the quick GPT-2's step took 40-53 s 
                   "1.06-1.08x the eager step at k=1 and 1.00x [0.98, 1.04] at the fused k=2 that plans choose there")
 
 
-def _fail(argument: str, value, allowed: str) -> None:
+def fail(argument: str, value, allowed: str) -> None:
+    """The ValueError of every argument check of the planner: which value, what is allowed."""
     raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
@@ -71,10 +72,10 @@ def precision_splits(batch_size: int, device: torch.device, ks: Sequence[int] | 
     splits = ks if ks is not None else [k for k in (1, 2, 4, 8) if batch_size % k == 0 and k >= min_k]
     for k in splits:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1 or batch_size % k:
-            _fail("ks", tuple(splits), f"integers >= 1 dividing the batch size {batch_size}")
+            fail("ks", tuple(splits), f"integers >= 1 dividing the batch size {batch_size}")
     if not any(k >= min_k for k in splits):
-        _fail("ks", tuple(splits), f"at least one k >= {min_k} (adaptive accumulation needs >= 2 micro-batches "
-              f"per step on one process), dividing the batch size {batch_size}")
+        fail("ks", tuple(splits), f"at least one k >= {min_k} (adaptive accumulation needs >= 2 micro-batches "
+             f"per step on one process), dividing the batch size {batch_size}")
     candidates = [Candidate(p, k) for p in precisions for k in splits]
     if Candidate() not in candidates:
         candidates.insert(0, Candidate())  # the baseline is always measured

@@ -186,7 +186,7 @@ class CountedBatches:
 
 
 class RunCheckpoints:
-    """When and where a run checkpoints itself (`reproduction.resume`; off for truncated runs).
+    """When and where a run checkpoints itself, with the functions above (off for truncated runs).
 
     Torch backend: model, optimizer and engine state go into each rank's checkpoint file. DeepSpeed
     backend: they go through DeepSpeed's own checkpoint API (`engine.save_checkpoint`: module,
