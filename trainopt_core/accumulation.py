@@ -47,14 +47,11 @@ from dataclasses import dataclass
 import torch
 
 from .measure.stats import t_quantile_975
+from ._errors import fail as _fail
 
 EPS = 1e-12
 K_RULES = ("noise_scale", "variance")
 MIN_POOLED_STEPS = 3  # the fewest per-step |G|² estimates whose spread gives an interval
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 @dataclass(frozen=True)

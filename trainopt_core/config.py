@@ -15,6 +15,7 @@ from typing import Literal, Union
 
 import torch
 
+from ._errors import fail
 from .accumulation import K_RULES
 from .checkpointing import POLICIES as CHECKPOINT_POLICIES
 
@@ -41,7 +42,7 @@ def computation_part(fields: dict) -> dict:
 
 
 def _fail(field_name: str, value, allowed: str) -> None:
-    raise ValueError(f"OptimizationConfig.{field_name}={value!r} is invalid: allowed {allowed}")
+    fail(f"OptimizationConfig.{field_name}", value, allowed)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterable, Sequence
 
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+from .._errors import fail as _fail
 
 
 _COST_TERMS = (("time", "time_to_target_s"), ("memory", "peak_memory_bytes"), ("energy", "energy_j"))

@@ -23,6 +23,7 @@ import time
 import torch
 
 from .timing import synchronize
+from .._errors import fail as _fail
 
 _PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _DTYPE_PRECISIONS = {dtype: name for name, dtype in _PRECISION_DTYPES.items()}
@@ -49,10 +50,6 @@ GPU_DATASHEET_FLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
     (r"\bA10\b", "NVIDIA A10", {"fp32": 31.2e12, "tf32": 62.5e12, "fp16": 125e12, "bf16": 125e12}),
     (r"\bT4\b", "NVIDIA T4", {"fp32": 8.1e12, "fp16": 65e12}),
 )
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 def precision_name(precision: str | torch.dtype) -> str:

@@ -13,6 +13,8 @@ import math
 import statistics
 from typing import Sequence
 
+from .._errors import fail as _fail
+
 CONFIDENCE = 0.95
 # t(0.975, df) for df = 1..30 (two-sided 95 %); beyond 30 the Cornish-Fisher expansion of the
 # normal quantile (error < 0.001) is used.
@@ -20,10 +22,6 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
          2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
          2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 _Z975 = 1.959964
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 def t_quantile_975(df: int) -> float:

@@ -12,9 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
+from .._errors import fail as _fail
 
 
 def synchronize(device) -> None:

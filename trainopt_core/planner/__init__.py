@@ -50,11 +50,12 @@ from typing import Callable, Sequence
 
 import torch
 
+from .._errors import fail
 from .adaptive import adaptive_config, measure_goodput
 from .choice import check_weights, choose, helps, pareto_front
 from .result import Plan
 from .search import Search
-from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins, fail,
+from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
                     native_reduced_precisions, precision_splits, speed_option_changes)
 
 MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)

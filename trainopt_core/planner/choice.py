@@ -7,7 +7,8 @@ import math
 from typing import Sequence
 
 from ..measure.costs import cost
-from .space import Candidate, fail
+from .._errors import fail
+from .space import Candidate
 
 
 def pareto_front(rows: Sequence[dict]) -> list[dict]:

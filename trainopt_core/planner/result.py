@@ -8,7 +8,8 @@ from typing import Sequence
 from ..config import OptimizationConfig
 from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text
 from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval
-from .space import candidate_of, fail
+from .._errors import fail
+from .space import candidate_of
 
 
 @dataclass

@@ -20,16 +20,13 @@ from ..checkpointing import expected_saved_fraction
 from ..config import OptimizationConfig
 from .index import format_number, markdown_table
 from .results import aggregate
+from .._errors import fail as _fail
 
 FP32_BYTES = 4
 ADAMW_STATE_BYTES_PER_PARAMETER = 8   # two FP32 moments
 EXPLORER_COMPONENTS = ("accumulation", "mixed_precision", "lr_schedule", "checkpointing", "zero2")
 # fields of OptimizationConfig that tell two configurations apart in the explorer
 _MATCH_FIELDS = ("k", "adaptive", "k_min", "k_max", "schedule", "lr_scaling", "clip_norm", "checkpointing", "zero_stage")
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from .results import aggregate, timed_speed
+from .._errors import fail as _fail
 
 STYLE = "whitegrid"
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 def _select(records: list[dict], task: str, configs=None) -> list[dict]:

@@ -13,15 +13,12 @@ from pathlib import Path
 import pandas as pd
 
 from .results import load_records, resolve_reports_dir
+from .._errors import fail as _fail
 
 # Layout of one profile's folder under reports/.
 SUBDIRS = {"runs": "JSON run records", "timing": "interleaved throughput windows, scaling launches, operation profiles and recompute timings (JSON)",
            "tables": "CSV numbers + captioned Markdown",
            "figures": "PNG", "notebooks": "the executed notebooks"}
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 # ------------------------------------------------------------------ manifest

@@ -22,6 +22,7 @@ from ..reproduction.throughput import measure_throughput
 from .figures import figure_image, save_figure
 from .index import caption, markdown_table, readable_frame, write_table
 from .results import paper_claims, resolve_reports_dir, with_throughput
+from .._errors import fail as _fail
 
 # The paper's model of each task, used in table/figure names (never the data set's name: a
 # stand-in may have run) and the paper's table it mirrors.
@@ -40,10 +41,6 @@ CONFIG_HEADERS = {"precision": "precision (requested)", "k": "k (micro-batches p
                   "k_min": "k min", "k_max": "k max", "schedule": "LR schedule", "warmup_fraction": "warmup",
                   "min_lr_ratio": "min LR / peak LR", "lr_scaling": "LR × batch scaling", "clip_norm": "clip norm",
                   "checkpointing": "checkpoint segments", "zero_stage": "ZeRO stage"}
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import pandas as pd
 from ..config import ABLATION_LADDER, leave_one_out
 from .results import aggregate, as_number, measured_change, paper_claims
 from .verdicts import claim_verdict, efficiency_verdict, relative_change
+from .._errors import fail as _fail
 
 # Tables I and II as data: (row label, record metric, paper claim key, kind, paper unit).
 _MAIN_ROWS = {
@@ -43,10 +44,6 @@ _PAPER_LADDER_NAMES = {
     "+lr_schedule": "+lr_schedule",
     "+checkpointing": "+activation_checkpointing",
 }
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 # ------------------------------------------------------------------ Tables I and II

@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import math
 
+from .._errors import fail as _fail
+
 
 HOLD_FRACTION = 0.5            # at least half the claimed magnitude
 COMPARABLE_TOLERANCE = 0.005   # paper §V-A: ±0.5 %
 EFFICIENCY_TOLERANCE = 0.02    # Table IV: measured efficiency may fall 2 points short of the claim
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 # ------------------------------------------------------------------ the claim rule

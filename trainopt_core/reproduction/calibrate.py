@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import measure
 from .profiles import TARGETS_FILE, load_targets  # noqa: F401  (load_targets: part of this module's API)
+from .._errors import fail as _fail
 
 CROSSING_FRACTION = 0.8
 CROSSING_WINDOW = (0.7, 0.9)
@@ -42,10 +43,6 @@ MIN_EVALUATIONS_BEFORE = 8
 PLATEAU_EVALUATIONS = 3
 FLAT_TAIL_FRACTION = 0.2
 FLAT_TAIL_MAX_GAIN = 0.10
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 def _round_easier(quality: float, higher_is_better: bool) -> float:

@@ -15,6 +15,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.models.resnet import Bottleneck, ResNet
 
+from .._errors import fail as _fail
+
 MODEL_KINDS = ("resnet", "gpt2")
 PROFILES = ("paper", "quick", "smoke")
 
@@ -44,10 +46,6 @@ MODEL_SIZES: dict[str, dict[str, dict]] = {
         "gpt2": {"n_layer": 4, "n_embd": 32, "n_head": 2, "seq_len": 32, "n_positions": 32},
     },
 }
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 # ----------------------------------------------------------------------------- ResNet (CIFAR)

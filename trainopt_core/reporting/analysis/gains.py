@@ -27,14 +27,11 @@ from ...reproduction.calibrate import mean_curve
 from ..figures import memory_breakdown_frame
 from ..results import aggregate, paper_claims, timed_speed
 from ..verdicts import relative_change
+from ..._errors import fail as _fail
 
 PHASES = ("early", "middle", "late")
 # fractions of the baseline's total improvement that end the early and the middle phase
 PHASE_IMPROVEMENT_FRACTIONS = (0.5, 0.9)
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 def _pick(records: list[dict], task: str, config: str) -> list[dict]:

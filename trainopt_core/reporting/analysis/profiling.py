@@ -34,6 +34,7 @@ from ...reproduction.profiles import get_profile
 from ...reproduction.records import file_stem, keep_record, kept_record, run_conditions
 from ...reproduction.runner import build_engine, resolve_config
 from ...reproduction.tasks import build_task
+from ..._errors import fail as _fail
 
 OP_CATEGORIES = ("convolution", "matmul/attention", "normalization", "element-wise", "optimizer",
                  "communication", "other")
@@ -53,10 +54,6 @@ _PATTERNS = (
         r"_log_softmax|maximum|minimum|lerp|addcmul|addcdiv|abs|sign|hardtanh|leaky_relu)_?$"
         r"|^(relu|gelu|threshold|tanh|softmax|_softmax|log_softmax|_log_softmax|dropout|native_dropout)")),
 )
-
-
-def _fail(argument: str, value, allowed: str) -> None:
-    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
 
 
 def op_category(name: str) -> str:

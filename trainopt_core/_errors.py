@@ -1,0 +1,7 @@
+"""The one error of every argument check in the package: which value, what is allowed."""
+from __future__ import annotations
+
+
+def fail(argument: str, value, allowed: str) -> None:
+    """Raise the ValueError `argument=value is invalid: allowed ...`."""
+    raise ValueError(f"{argument}={value!r} is invalid: allowed {allowed}")
