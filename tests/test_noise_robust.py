@@ -3,11 +3,18 @@ record and its reuse, and the rerun agreement check."""
 import itertools
 import json
 import math
+import platform
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 
+import torch
+
 from trainopt_core import measure
+from trainopt_core.measure import allocator
+from trainopt_core.measure.probes import MatmulProbe, MemoryCopyProbe, machine_probes
 from trainopt_core.reporting import agreement
 from trainopt_core.reproduction import get_profile, measure_throughput, throughput_path
 from trainopt_core.reproduction.throughput import timing_windows
@@ -78,6 +85,57 @@ def test_interleaved_windows_take_turns_and_rotate_the_order():
         measure.interleaved_windows({}, windows=1, steps_per_window=1)
 
 
+# ------------------------------------------------------------------ machine probes
+def test_machine_probes_do_their_work_and_count_the_bytes_and_flops_of_it():
+    copy = MemoryCopyProbe(copy_mib=1)
+    copy._source.fill_(3.0)
+    assert copy() == 4 * 2 * 2**20  # 4 copies, each reading and writing 1 MiB
+    assert torch.equal(copy._target, copy._source)
+    product = MatmulProbe(size=8)
+    assert product() == 4 * 2 * 8**3
+    assert torch.allclose(product._out, product._a @ product._b)
+    assert set(machine_probes("cpu")) == {"memory_copy", "matmul"}
+    with pytest.raises(ValueError, match="copy_mib=0"):
+        MemoryCopyProbe(copy_mib=0)
+    with pytest.raises(ValueError, match="size=True"):
+        MatmulProbe(size=True)
+
+
+# ------------------------------------------------------------------ host allocator
+_HELD_AFTER_FREE = """
+import ctypes, sys, torch
+from trainopt_core.measure import allocator
+if sys.argv[1] == "keep":
+    allocator.keep_freed_host_memory()
+print(allocator.host_allocator())
+libc = ctypes.CDLL("libc.so.6")
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+x = torch.empty(64 << 18); x.fill_(1.0); del x  # 64 MiB, above glibc's largest adaptive mmap threshold
+print(libc.mallinfo2().fordblks)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_kept_host_memory_stays_in_the_heap_after_a_large_block_is_freed():
+    """With glibc's defaults a 64 MiB block is its own mapping, returned to the kernel on free
+    (the next step faults it in again); once kept, the freed block stays in the heap for reuse."""
+    def held_after_free(mode):
+        lines = subprocess.run([sys.executable, "-c", _HELD_AFTER_FREE, mode], capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+        return lines[0], int(lines[1])
+
+    default_state, default_free = held_after_free("default")
+    kept_state, kept_free = held_after_free("keep")
+    assert default_state == allocator.GLIBC_DEFAULT and kept_state == allocator.KEPT
+    assert default_free < 16 * 2**20 <= 64 * 2**20 <= kept_free
+    assert allocator.host_allocator() == allocator.KEPT  # importing the reproduction kept it here
+    assert allocator.keep_freed_host_memory() == allocator.KEPT  # idempotent
+    assert allocator.minor_page_faults() >= 0
+
+
 # ------------------------------------------------------------------ the throughput record
 def test_throughput_record_is_interleaved_and_reused_only_under_the_same_conditions(tmp_path):
     configs = ["baseline", "+zero2"]
@@ -89,6 +147,10 @@ def test_throughput_record_is_interleaved_and_reused_only_under_the_same_conditi
         assert len(result["items_per_s"]) == 2 and all(r > 0 for r in result["items_per_s"])
         assert result["samples_per_s"][0] == pytest.approx(result["items_per_s"][0] / result["items_per_sample"])
     assert record["conditions"]["data_policy"] == "standin" and record["conditions"]["world_size"] == 1
+    probes = record["machine_probes"]  # timed in the same rounds, kept apart from the configurations
+    assert set(probes) == {"memory_copy", "matmul"} and not set(probes) & set(record["results"])
+    assert all(len(p["per_window"]) == 2 and min(p["per_window"]) > 0 for p in probes.values())
+    assert all(record["results"][name]["minor_page_faults_per_step"] >= 0 for name in configs)
     again = measure_throughput("wikitext2", ["baseline"], profile="smoke", seeds=1, out_dir=tmp_path,
                                data_policy="standin", progress=False)
     assert again == json.loads(json.dumps(record))  # a subset of what was timed: reused
@@ -157,6 +219,35 @@ def test_agreement_lists_flipped_verdicts_and_moved_ratios(tmp_path):
     assert agreement.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "agree.md")]) == 0
     assert agreement.main([str(tmp_path / "a"), str(tmp_path / "c")]) == 1
     assert (tmp_path / "agree.md").read_text().startswith("# Rerun agreement")
+
+
+def _write_timing(folder, rates: dict, probes: dict, hashes=None):
+    timing = folder / "timing"
+    timing.mkdir(parents=True, exist_ok=True)
+    results = {name: dict(items_per_s=values, item_unit="img/s", config_hash=(hashes or {}).get(name, name))
+               for name, values in rates.items()}
+    results["+zero2"] = dict(results["optimized"], timed_as="optimized")
+    (timing / "throughput__cifar10.json").write_text(json.dumps(dict(
+        status="complete", task="cifar10", results=results,
+        machine_probes={name: dict(unit="bytes/s", per_window=values) for name, values in probes.items()})))
+
+
+def test_agreement_shows_each_configurations_change_in_speed_and_the_machine_probes(tmp_path):
+    _write_tables(tmp_path / "a", 0.30, "held")
+    _write_tables(tmp_path / "b", 0.10, "held")
+    _write_timing(tmp_path / "a", {"baseline": [100, 90, 110], "optimized": [130, 130]}, {"memory_copy": [10, 12]})
+    _write_timing(tmp_path / "b", {"baseline": [150, 150], "optimized": [165, 165], "auto": [1.0]},
+                  {"memory_copy": [16.5, 16.5]}, hashes={"optimized": "another plan"})
+    result = agreement.compare_reports(tmp_path / "a", tmp_path / "b")
+    rows = {row["what"]: row for row in result["speeds"]}
+    assert set(rows) == {"baseline", "optimized", "machine probe: memory_copy"}  # not the twin, not auto (one side)
+    assert rows["baseline"]["change"] == pytest.approx(0.5) and rows["optimized"]["change"] == pytest.approx(165 / 130 - 1)
+    assert rows["machine probe: memory_copy"]["change"] == pytest.approx(0.5)
+    assert rows["baseline"]["same_config"] and not rows["optimized"]["same_config"]
+    text = agreement.format_agreement(result)
+    assert "| cifar10 | baseline | 100 img/s | 150 img/s | +50.0% |" in text
+    assert "optimized (another configuration: its plan differs)" in text
+    assert agreement.compare_speeds(tmp_path / "a", tmp_path / "missing") == []
 
 
 def test_windows_needed_for_rerun_agreement_follows_the_normal_model():

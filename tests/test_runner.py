@@ -20,8 +20,8 @@ REQUIRED_METRICS = {
     "time_to_target_wall_s", "target", "final_quality", "quality_name", "flops_utilization", "energy_j",
     "energy_source", "skipped_steps", "wall_s", "evaluation_peak_memory_bytes", "zero_bucket_sizes",
 }
-CONDITIONS = ("backend", "data_policy", "data_source", "device_type", "hardware", "profile_settings", "torch",
-              "world_size")
+CONDITIONS = ("backend", "data_policy", "data_source", "device_type", "hardware", "host_allocator", "profile_settings",
+              "torch", "world_size")
 
 
 class Retrained(Exception):
@@ -118,6 +118,7 @@ def test_hardware_fingerprint_tells_cpus_with_one_model_name_apart_by_instructio
     ("hardware", {"cpu_model": measure.hardware_fingerprint("cpu")["cpu_model"], "cpu_logical_cores": os.cpu_count()}),
     ("device_type", "cuda"), ("backend", "deepspeed"), ("world_size", 2),
     ("data_source", "CIFAR-10 (cifar-10-batches-py)"), ("data_policy", "real"), ("torch", "1.13.0"),
+    ("host_allocator", "glibc malloc defaults (adaptive mmap threshold, freed blocks returned to the kernel)"),
     ("profile_settings", {"target": 1.0}),
 ])
 def test_record_made_under_other_conditions_is_run_again(smoke_records, monkeypatch, condition, other):

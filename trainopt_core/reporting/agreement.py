@@ -12,12 +12,19 @@ Reads the CSV tables (numbers, not the formatted Markdown) of Tables I-IV in bot
 - every throughput ratio (optimized/baseline, each ladder or leave-one-out configuration vs the
   baseline) that moved by more than ±5 % between the two (`RATIO_TOLERANCE`).
 
+Beside them, as context and not part of the bar, each configuration's speed in the two folders'
+timing windows (``timing/throughput__<task>.json``) and that of the machine probes timed in the
+same rounds: interleaving cancels a change in the machine's state only where it slows every
+configuration alike, so ratios move when the configurations' speeds changed by different amounts.
+
 Exit status 1 when a verdict flipped or a throughput ratio moved beyond ±5 %, else 0.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -84,7 +91,42 @@ def compare_reports(first: str | Path, second: str | Path) -> dict:
                             out["ratio_moves"].append(dict(cell=f"{label} [{column}]", first=1 + ra[column],
                                                            second=1 + rb[column], moved=moved))
     out["agree"] = not out["verdict_flips"] and not out["ratio_moves"]
+    out["speeds"] = compare_speeds(first, second)
     return out
+
+
+def _throughput_records(folder: Path) -> dict[str, dict]:
+    records = {}
+    for path in sorted((folder / "timing").glob("throughput__*.json")):
+        record = json.loads(path.read_text())
+        if record.get("status") == "complete" and "results" in record:
+            records[record["task"]] = record
+    return records
+
+
+def compare_speeds(first: str | Path, second: str | Path) -> list[dict]:
+    """Median rate in the timing windows of every configuration (timed itself, not as a twin)
+    and machine probe that both folders timed, per task, and its change from first to second."""
+    a_records, b_records = _throughput_records(Path(first)), _throughput_records(Path(second))
+    rows = []
+    for task in sorted(set(a_records) & set(b_records)):
+        a, b = a_records[task], b_records[task]
+        pairs = [(name, result, b["results"].get(name)) for name, result in a["results"].items()]
+        for name, ra, rb in pairs:
+            if rb is None or "timed_as" in ra or "timed_as" in rb:
+                continue
+            rows.append(dict(task=task, what=name, unit=ra.get('item_unit', 'items/s'),
+                             first=statistics.median(ra["items_per_s"]), second=statistics.median(rb["items_per_s"]),
+                             same_config=ra.get("config_hash") == rb.get("config_hash")))
+        probes_b = b.get("machine_probes", {})
+        for name, pa in a.get("machine_probes", {}).items():
+            if name in probes_b:
+                rows.append(dict(task=task, what=f"machine probe: {name}", unit=pa["unit"],
+                                 first=statistics.median(pa["per_window"]),
+                                 second=statistics.median(probes_b[name]["per_window"]), same_config=True))
+    for row in rows:
+        row["change"] = row["second"] / row["first"] - 1 if row["first"] > 0 else math.nan
+    return rows
 
 
 def format_agreement(result: dict) -> str:
@@ -110,6 +152,16 @@ def format_agreement(result: dict) -> str:
         lines += [f"| {m['cell']} | {m['first']:.4g} [{m['first_ci'][0]:.4g}, {m['first_ci'][1]:.4g}] | "
                   f"{m['second']:.4g} [{m['second_ci'][0]:.4g}, {m['second_ci'][1]:.4g}] |" for m in result["beyond_ci"]]
         lines += [""]
+    if result.get("speeds"):
+        lines += ["## Speed in the timing windows (context, not part of the bar)", "",
+                  "Median rate of each configuration and machine probe in each folder's interleaved timing windows. "
+                  "Interleaving cancels a change in the machine's state only where it slows every configuration "
+                  "alike; where the speeds changed by different amounts, the ratios moved. The probes (a copy far "
+                  "beyond the cache, a matmul inside it) show what the machine itself could do in the same rounds.",
+                  "", "| task | timed | first | second | change |", "|---|---|---|---|---|"]
+        lines += [f"| {row['task']} | {row['what']}{'' if row['same_config'] else ' (another configuration: its plan differs)'} | "
+                  f"{row['first']:.4g} {row['unit']} | {row['second']:.4g} {row['unit']} | {100 * row['change']:+.1f}% |"
+                  for row in result["speeds"]] + [""]
     return "\n".join(lines)
 
 
@@ -135,4 +187,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["RATIO_TOLERANCE", "compare_reports", "format_agreement", "main"]
+__all__ = ["RATIO_TOLERANCE", "compare_reports", "compare_speeds", "format_agreement", "main"]

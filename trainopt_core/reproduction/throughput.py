@@ -6,9 +6,12 @@ training runs: `measure_throughput` builds every configuration of a table in one
 times them in interleaved windows (A, B, C, ..., then again, `measure.interleaved_windows`),
 after untimed warm-up steps and with no evaluation inside a window. Window i of each
 configuration ran in the same round, so the ratio optimized/baseline is taken per round and
-what the machine did during that round cancels. Seconds per sample from these windows,
-multiplied by the samples to target of the training runs (deterministic for a seed), give the
-tables' time to target.
+what the machine did during that round cancels -- as far as it slows every configuration alike:
+two machine probes (`measure.probes`, a memory copy and a cached matmul) are timed in the same
+rounds and recorded beside the configurations, so that a rerun whose ratios moved can be
+checked for a change in the machine's state. Seconds per sample from these windows, multiplied
+by the samples to target of the training runs (deterministic for a seed), give the tables' time
+to target.
 
 The result is written to ``<out_dir>/throughput__<task>.json`` and reused, like a run record,
 only when it was made under the same conditions (`records.run_conditions`) for (at least) the
@@ -24,6 +27,8 @@ from tqdm.auto import tqdm
 
 from .. import measure
 from ..distributed import find_free_port
+from ..measure.allocator import minor_page_faults
+from ..measure.probes import machine_probes
 from .autoplan import plans_dir_for
 from .profiles import get_profile
 from .records import (RECORD_SCHEMA, computation_hash, condition_differences, load_record, run_conditions,
@@ -32,6 +37,7 @@ from .runner import build_engine, one_optimizer_step, resolve_config
 from .tasks import build_task
 
 TIMING_KIND = "interleaved_throughput"
+PROBE_PREFIX = "probe:"  # the machine probes' names among the timed workloads
 
 
 def throughput_path(out_dir: str | os.PathLike, task: str) -> Path:
@@ -96,12 +102,14 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
                 if (existing is not None and not condition_differences(existing, conditions)
                         and existing.get("windows") == windows and _times_the_same(existing, hashes)):
                     return existing
-        bar = tqdm(total=windows * len(workloads), desc=f"{task} throughput windows", unit="window",
+        probes = machine_probes(device)
+        timed = {name: w.step for name, w in workloads.items()}
+        timed.update({PROBE_PREFIX + name: probe for name, probe in probes.items()})
+        bar = tqdm(total=windows * len(timed), desc=f"{task} throughput windows", unit="window",
                    disable=not progress, leave=False)
         rates = measure.interleaved_windows(
-            {name: w.step for name, w in workloads.items()}, windows=windows,
-            steps_per_window=prof.timing_steps_per_window, warmup_steps=prof.throughput_warmup_steps,
-            device=device, progress=lambda: bar.update(1))
+            timed, windows=windows, steps_per_window=prof.timing_steps_per_window,
+            warmup_steps=prof.throughput_warmup_steps, device=device, progress=lambda: bar.update(1))
         bar.close()
     finally:
         for workload in workloads.values():
@@ -121,6 +129,7 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
             config_hash=workload.cfg.config_hash(),
             micro_batch_size=workload.micro,
             mean_k=sum(workload.ks) / len(workload.ks),
+            minor_page_faults_per_step=_mean(workload.page_faults[prof.throughput_warmup_steps:]),
             notes=workload.notes,
         )
     for name, timed in twin_of.items():
@@ -129,15 +138,23 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
             results[name] = dict(results[timed], timed_as=timed, config_hash=hashes[name], notes=same_computation_notes(
                 notes, results[timed], zero_stage=cfg.zero_stage, measured_zero_stage=timed_cfg.zero_stage,
                 source=f"timed as {timed!r}"))
+    # what the machine itself could do in the same rounds (not a configuration; see measure.probes)
+    machine_state = {name: dict(what=probe.describe(), unit=probe.unit, per_window=rates[PROBE_PREFIX + name],
+                                summary=measure.summarize(rates[PROBE_PREFIX + name]))
+                     for name, probe in probes.items()}
     record = dict(
         schema=RECORD_SCHEMA, status="complete", kind=TIMING_KIND, task=task, profile=profile, seed=seed,
         configs=configs, conditions=conditions, windows=windows, seeds=seeds,
         steps_per_window=prof.timing_steps_per_window, warmup_steps=prof.throughput_warmup_steps,
-        order="interleaved: one window per configuration per round, the order rotating each round",
-        results=results, manifest=measure.run_manifest(profile=profile, device=device),
+        order="interleaved: one window per configuration (and machine probe) per round, the order rotating each round",
+        results=results, machine_probes=machine_state, manifest=measure.run_manifest(profile=profile, device=device),
     )
     write_record(path, record)
     return record
+
+
+def _mean(values: list) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _times_the_same(existing: dict, hashes: dict[str, str]) -> bool:
@@ -160,11 +177,14 @@ class _Workload:
         self.batches = self.bundle.train_batches(self.micro, seed=seed)
         self.items = self.samples = 0.0
         self.ks: list[int] = []
+        self.page_faults: list[int] = []  # minor page faults of each step (see measure.allocator)
         self._closed = False
 
     def step(self) -> float:
-        samples_before = self.engine.samples_consumed
+        samples_before, faults_before = self.engine.samples_consumed, minor_page_faults()
         items, _ = one_optimizer_step(self.engine, self.bundle, self.engine.model, self.batches)
+        if faults_before is not None:
+            self.page_faults.append(minor_page_faults() - faults_before)
         self.items += items
         self.samples += self.engine.samples_consumed - samples_before
         self.ks.append(self.engine.k)
