@@ -16,7 +16,7 @@ from trainopt_core import measure
 from trainopt_core.measure import allocator
 from trainopt_core.measure.probes import MatmulProbe, MemoryCopyProbe, machine_probes
 from trainopt_core.reporting import agreement
-from trainopt_core.reproduction import get_profile, measure_throughput, throughput_path
+from trainopt_core.reproduction import RECORD_SCHEMA, get_profile, measure_throughput, throughput_path
 from trainopt_core.reproduction.throughput import timing_windows
 
 
@@ -228,7 +228,7 @@ def _write_timing(folder, rates: dict, probes: dict, hashes=None):
                for name, values in rates.items()}
     results["+zero2"] = dict(results["optimized"], timed_as="optimized")
     (timing / "throughput__cifar10.json").write_text(json.dumps(dict(
-        status="complete", task="cifar10", results=results,
+        schema=RECORD_SCHEMA, status="complete", kind="interleaved_throughput", task="cifar10", results=results,
         machine_probes={name: dict(unit="bytes/s", per_window=values) for name, values in probes.items()})))
 
 

@@ -22,7 +22,6 @@ Exit status 1 when a verdict flipped or a throughput ratio moved beyond ±5 %, e
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..reproduction.throughput import load_throughput
 from .verdicts import verdict_category
 
 RATIO_TOLERANCE = 0.05
@@ -96,12 +96,11 @@ def compare_reports(first: str | Path, second: str | Path) -> dict:
 
 
 def _throughput_records(folder: Path) -> dict[str, dict]:
-    records = {}
-    for path in sorted((folder / "timing").glob("throughput__*.json")):
-        record = json.loads(path.read_text())
-        if record.get("status") == "complete" and "results" in record:
-            records[record["task"]] = record
-    return records
+    """{task: finished throughput record} of a report folder's timing/ (`load_throughput` decides
+    what is finished, as the reproduction does when it reuses one)."""
+    timing = folder / "timing"
+    tasks = (path.stem.partition("__")[2] for path in sorted(timing.glob("throughput__*.json")))
+    return {task: record for task in tasks if (record := load_throughput(timing, task)) is not None}
 
 
 def compare_speeds(first: str | Path, second: str | Path) -> list[dict]:
