@@ -63,6 +63,35 @@ def test_selective_checkpointing_gives_the_plain_gradients_and_keeps_between_ful
         apply_activation_checkpointing(selective, segments=len(list(_blocks(selective))))
 
 
+def test_selective_checkpointing_runs_with_a_checkpoint_that_lacks_respect_saved_tensors_hooks(monkeypatch):
+    # torch 2.11's checkpoint: no such parameter, and unknown keywords go to the checkpointed function
+    from torch.utils import checkpoint as torch_checkpoint
+    from trainopt_core import checkpointing
+
+    def checkpoint_2_11(function, *args, use_reentrant=None, preserve_rng_state=True,
+                        context_fn=torch_checkpoint.noop_context_fn, determinism_check="default", debug=False, **kwargs):
+        return torch_checkpoint.checkpoint(lambda *a: function(*a, **kwargs), *args, use_reentrant=use_reentrant,
+                                           preserve_rng_state=preserve_rng_state, context_fn=context_fn)
+
+    def checkpoint_2_14(function, *args, respect_saved_tensors_hooks=None, **kwargs):
+        raise AssertionError("not called")
+
+    assert checkpointing.saved_tensor_hook_options(checkpoint_2_14) == {"respect_saved_tensors_hooks": True}
+    assert checkpointing.saved_tensor_hook_options(checkpoint_2_11) == {}
+    monkeypatch.setattr(checkpointing, "checkpoint", checkpoint_2_11)
+    monkeypatch.setattr(checkpointing, "_RESPECT_HOOKS", checkpointing.saved_tensor_hook_options(checkpoint_2_11))
+    torch.set_num_threads(1)
+    plain, inputs, loss_of = CASES["gpt2"]()
+    selective = copy.deepcopy(plain)
+    apply_activation_checkpointing(selective, segments=len(list(_blocks(selective))), policy="selective")
+    for model in (plain, selective):
+        model.train()
+        torch.manual_seed(123)
+        loss_of(model).backward()
+    for p_grad, s_grad in zip(_grads(plain), _grads(selective)):
+        torch.testing.assert_close(s_grad, p_grad)
+
+
 def _blocks(model):
     from trainopt_core.checkpointing import block_sequence
     return block_sequence(model)
