@@ -16,7 +16,8 @@ from ..measure.manifest import cpu_computes_bf16_natively
 # why try_compile defaults to off on a CPU (the quick GPT-2, fp32, one process; interleaved windows)
 COMPILE_ON_CPU = ("on 2-core CPUs compiling the quick GPT-2's step took 40-53 s from a cold cache, against a 35-45 s "
                   "training run, and the compiled step was not faster on an AVX-512 machine; on an AVX2 one it was "
-                  "1.06-1.08x the eager step at k=1 and 1.00x [0.98, 1.04] at the fused k=2 that plans choose there")
+                  "1.06-1.11x the eager step at k=1 and 0.98-1.00x at fused k=2 (measured with glibc's default "
+                  "allocator, under which plans chose fused k=2 there; with freed memory kept they choose k=1)")
 
 
 def native_reduced_precisions(device: torch.device) -> tuple[str, ...]:
