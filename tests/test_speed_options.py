@@ -49,12 +49,7 @@ def test_selective_checkpointing_gives_the_plain_gradients_and_keeps_between_ful
     apply_activation_checkpointing(full, segments=len(list(_blocks(full))))
     plan = apply_activation_checkpointing(selective, segments=len(list(_blocks(selective))), policy="selective")
     assert plan.policy == "selective"
-    for model in (plain, selective):
-        model.train()
-        torch.manual_seed(123)
-        loss_of(model).backward()
-    for p_grad, s_grad in zip(_grads(plain), _grads(selective)):
-        torch.testing.assert_close(s_grad, p_grad)
+    _assert_same_gradients(plain, selective, loss_of)
     full.train()
     saved = {label: saved_activation_bytes(model, *inputs) for label, model in
              (("none", plain), ("full", full), ("selective", selective))}
@@ -84,12 +79,16 @@ def test_selective_checkpointing_runs_with_a_checkpoint_that_lacks_respect_saved
     plain, inputs, loss_of = CASES["gpt2"]()
     selective = copy.deepcopy(plain)
     apply_activation_checkpointing(selective, segments=len(list(_blocks(selective))), policy="selective")
-    for model in (plain, selective):
+    _assert_same_gradients(plain, selective, loss_of)
+
+
+def _assert_same_gradients(plain, checkpointed, loss_of):
+    for model in (plain, checkpointed):
         model.train()
         torch.manual_seed(123)
         loss_of(model).backward()
-    for p_grad, s_grad in zip(_grads(plain), _grads(selective)):
-        torch.testing.assert_close(s_grad, p_grad)
+    for p_grad, c_grad in zip(_grads(plain), _grads(checkpointed)):
+        torch.testing.assert_close(c_grad, p_grad)
 
 
 def _blocks(model):
