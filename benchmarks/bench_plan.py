@@ -33,7 +33,7 @@ import torch
 
 from trainopt_core import measure
 from trainopt_core.config import OptimizationConfig
-from trainopt_core.measure.memory import MemoryTracker
+from trainopt_core.measure.memory import MemoryTracker, resident_bytes
 from trainopt_core.measure.stats import paired_ratio
 from trainopt_core.measure.timing import interleaved_windows
 from trainopt_core.reproduction import runner
@@ -105,8 +105,7 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
     configs.update({label: p.config for label, p in plans.items() if label != "(time, memory) weighted"})
     steps_by_label, peaks = {}, {}
     for label, cfg in configs.items():
-        # on a GPU the allocator's peak also holds the engines built before this one (as the planner does)
-        others_bytes = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        others_bytes = resident_bytes(device)  # on a GPU: the engines built before this one
         engine, step = _engine_step(bundle, prof, cfg, device)
         peaks[label] = _peak_bytes(engine, step, device) - others_bytes
         steps_by_label[label] = step

@@ -74,7 +74,6 @@ def test_selective_checkpointing_runs_with_a_checkpoint_that_lacks_respect_saved
     assert checkpointing.saved_tensor_hook_options(checkpoint_2_14) == {"respect_saved_tensors_hooks": True}
     assert checkpointing.saved_tensor_hook_options(checkpoint_2_11) == {}
     monkeypatch.setattr(checkpointing, "checkpoint", checkpoint_2_11)
-    monkeypatch.setattr(checkpointing, "_RESPECT_HOOKS", checkpointing.saved_tensor_hook_options(checkpoint_2_11))
     torch.set_num_threads(1)
     plain, inputs, loss_of = CASES["gpt2"]()
     selective = copy.deepcopy(plain)

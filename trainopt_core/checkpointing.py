@@ -238,16 +238,14 @@ def _context_fn(policy: str):
     return functools.partial(create_selective_checkpoint_contexts, _save_expensive_ops)
 
 
+@functools.cache
 def saved_tensor_hook_options(checkpoint_fn) -> dict:
     """`respect_saved_tensors_hooks=True` where `checkpoint_fn` takes it (torch 2.14 does; torch
     2.11 passes an unknown keyword on to the checkpointed function, which fails), else nothing:
     there a selective policy's saved tensors bypass the saved-tensor hooks, so the CPU memory
-    tracker does not see them."""
+    tracker does not see them. Cached: read once per checkpoint function, not per forward."""
     takes = "respect_saved_tensors_hooks" in inspect.signature(checkpoint_fn).parameters
     return {"respect_saved_tensors_hooks": True} if takes else {}
-
-
-_RESPECT_HOOKS = saved_tensor_hook_options(checkpoint)
 
 
 class _SegmentState:
@@ -296,7 +294,7 @@ class _SegmentForward:
         calls = [0]
         # selective: what the policy saves goes through any active saved-tensor hooks (the
         # memory tracker's, offloading) like every other saved tensor, where torch has the option
-        extra = {} if self.context_fn is None else {"context_fn": self.context_fn, **_RESPECT_HOOKS}
+        extra = {} if self.context_fn is None else {"context_fn": self.context_fn, **saved_tensor_hook_options(checkpoint)}
         output = checkpoint(
             lambda h: self._run_blocks(calls, h, args, kwargs),
             hidden, use_reentrant=False, preserve_rng_state=True, **extra,

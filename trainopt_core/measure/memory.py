@@ -41,6 +41,14 @@ SOURCE_TRACKER = "cpu_live_tensor_tracker"
 BREAKDOWN_SOURCE = "live_tensor_tracker"
 
 
+def resident_bytes(device: torch.device | str) -> int:
+    """What a CUDA device's allocator holds now (0 elsewhere). A `MemoryTracker` on CUDA reads the
+    allocator's whole peak, so a caller measuring one of several models held together subtracts
+    what was resident before building it."""
+    device = torch.device(device)
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
 class _Storage:
     __slots__ = ("nbytes", "category")
 

@@ -15,7 +15,7 @@ import torch
 from ..checkpointing import block_sequence, expected_saved_fraction, has_block_sequence
 from ..compose import prepare
 from ..measure.energy import EnergyMeter
-from ..measure.memory import MemoryTracker
+from ..measure.memory import MemoryTracker, resident_bytes
 from ..measure.stats import paired_ratio, summarize
 from ..measure.timing import Timer, interleaved_windows
 from .choice import choose, measured_part
@@ -143,7 +143,7 @@ class Search:
                                                f"{PRUNE_MARGIN}x the budget")
                     continue
             self._say(f"memory: {candidate.name}")
-            others_bytes = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+            others_bytes = resident_bytes(self.device)
             try:
                 trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
                               self.loss_takes_model)
