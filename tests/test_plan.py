@@ -307,3 +307,96 @@ def test_without_a_counter_an_energy_weight_is_dropped_and_said():
     if result.energy_source is None:  # no readable RAPL/NVML counter on this machine
         assert any(note.startswith("Energy weight 1.0 not used") for note in result.notes)
         assert all(row["energy_j_per_sample"] is None for row in result.rows)
+
+
+def _held_bytes_of_one_copy():
+    """What one candidate's copy holds between steps: weights and AdamW state (gradients freed)."""
+    from trainopt_core.measure.memory import state_bytes
+
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = _batch()
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return state_bytes(model, optimizer)
+
+
+def test_where_device_memory_is_short_candidates_are_timed_in_groups_each_with_the_baseline(monkeypatch):
+    import weakref
+
+    import trainopt_core.planner.search as search
+
+    unlimited = _plan(ks=(1, 2, 4))  # one group per round, nothing released
+    assert not any(note.startswith("Timed in groups") for note in unlimited.notes)
+    # room for one copy's step (the baseline's is the largest) and one more copy, not for three
+    held = _held_bytes_of_one_copy()
+    capacity = unlimited.baseline["peak_memory_bytes"] + 1.25 * held
+    assert 3 * held + 0.5 * unlimited.baseline["peak_memory_bytes"] > capacity
+
+    live, most = weakref.WeakSet(), [0]
+
+    class CountedTrial(search.Trial):
+        def __init__(self, *args, **kwargs):
+            import gc
+
+            gc.collect()
+            live.add(self)
+            most[0] = max(most[0], len(live))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(search, "Trial", CountedTrial)
+    result = _plan(ks=(1, 2, 4), planning_memory_bytes=capacity)
+    assert most[0] == 2
+    rows = {row["candidate"]: row for row in result.rows}
+    stage1 = [name for name in rows if name.count(",") == 1]
+    assert len(stage1) >= 3 and all(rows[name]["timed_windows"] >= 2 for name in stage1)
+    # the baseline is timed in every group: more windows than in the unlimited plan's rounds
+    assert rows["fp32, k=1"]["timed_windows"] > unlimited.baseline["timed_windows"]
+    note = next(note for note in result.notes if note.startswith("Timed in groups that fit"))
+    assert "built again after being released for room" in note
+    assert result.chosen["feasible"] and result.chosen["speedup"] >= 1.0
+    with pytest.raises(ValueError, match="planning_memory_bytes=0 is invalid"):
+        _plan(planning_memory_bytes=0)
+
+
+def test_memory_resident_before_a_candidate_counts_neither_in_its_peak_nor_in_the_memory_model(monkeypatch):
+    # on CUDA the allocator's peak includes what was resident before (the user's model, other
+    # copies): the measured peak subtracts it, and the memory model must too, or it over-predicts
+    # every candidate by that much and prunes ones that fit
+    import trainopt_core.planner.search as search
+
+    resident = 64 * 2**20
+
+    class DeviceWideTracker(search.MemoryTracker):
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            self.peak_bytes += resident
+
+    plain = _deep_plan(weights=(1, 1, 0))
+    monkeypatch.setattr(search, "MemoryTracker", DeviceWideTracker)
+    monkeypatch.setattr(search, "resident_bytes", lambda device: resident)
+    shifted = _deep_plan(weights=(1, 1, 0))
+    for before, after in zip(plain.rows, shifted.rows):
+        assert after["candidate"] == before["candidate"]
+        assert after["peak_memory_bytes"] == before["peak_memory_bytes"]
+        assert after["predicted_memory_bytes"] == pytest.approx(before["predicted_memory_bytes"])
+    baseline = shifted.rows[0]
+    assert baseline["predicted_memory_bytes"] == pytest.approx(baseline["peak_memory_bytes"])
+
+
+def test_the_memory_model_credits_checkpointing_every_block_with_what_it_saves():
+    # eq. 19 with β = 1 (a block's input as large as all it saves) predicts that checkpointing
+    # every block saves nothing; the block inputs measured on the baseline's step give β, and the
+    # prediction, meant to prune, stays below what the step measures
+    result = _deep_plan(weights=(1, 1, 0))
+    rows = [row for row in result.rows if row["peak_memory_bytes"] is not None]
+    plain = {row["precision"]: row for row in rows if row["checkpointing"] is None}
+    blocks = max(row["checkpointing"] or 0 for row in rows)  # the Sequential's 10 children
+    assert blocks == 10
+    every_block = [row for row in rows if row["checkpointing"] == blocks and row["checkpoint_policy"] == "full"]
+    assert every_block
+    for row in every_block:
+        twin = plain[row["precision"]]
+        assert row["predicted_memory_bytes"] < twin["predicted_memory_bytes"]
+        assert row["predicted_memory_bytes"] <= row["peak_memory_bytes"]

@@ -49,6 +49,22 @@ def resident_bytes(device: torch.device | str) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes a model and its optimizer hold between steps: parameters, buffers, gradients and
+    optimizer state, each storage counted once. What several models built side by side hold
+    together, apart from the activations and temporaries each step allocates and frees."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    if optimizer is not None:
+        tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    storages = {}
+    for tensor in tensors:
+        storage = _storage_of(tensor)
+        if storage is not None:
+            storages[(storage.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
 class _Storage:
     __slots__ = ("nbytes", "category")
 

@@ -37,8 +37,10 @@ the run earns it back.
 The stages are `plan()` below; the parts, one per module:
 
     space.py      the candidates and what each changes in an OptimizationConfig
-    search.py     measuring them: a copy per candidate, memory (and the model that prunes),
-                  probe-batch loss, interleaved timing windows paired with the baseline's
+    search.py     measuring them: a copy per candidate (released and built again where the
+                  device's memory is short), memory, probe-batch loss, interleaved timing
+                  windows paired with the baseline's, in groups that fit
+    memory_model.py  eqs. 8/19 calibrated on the baseline's step, which prune before building
     choice.py     eq. 3 under the budget, and why each other candidate lost
     adaptive.py   k by goodput for adaptive accumulation
     result.py     Plan: the table, explain(), the figures, rechoose()
@@ -66,7 +68,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
          memory_budget_bytes: float | None = None, weights: Sequence[float] = (1.0, 0.0, 0.0),
          ks: Sequence[int] | None = None, speed_options: bool = True, try_compile: bool | None = None,
          adaptive_accumulation: bool = False, k_max: int = 8, run_samples: int | None = None,
-         windows: int = 3, steps_per_window: int = 2, progress: bool = False) -> Plan:
+         windows: int = 3, steps_per_window: int = 2, planning_memory_bytes: float | None = None,
+         progress: bool = False) -> Plan:
     """Measure candidate configurations on `batch` and choose one (module docstring).
 
     `model` is left untouched (each candidate runs on a copy). `optimizer_factory(parameters)`
@@ -94,7 +97,11 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     (`accumulation.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
     micro-batch and optimizer-step seconds give the goodput of each k in [k_min, `k_max`]; the
     best is the starting k (`Plan.goodput` has the table and k at the interval's two ends).
-    `windows` × `steps_per_window` steps time each candidate; `progress` prints each stage.
+    `windows` × `steps_per_window` steps time each candidate. `planning_memory_bytes`: what the
+    candidates' copies may hold on the device at once (default: on CUDA 90 % of what is free when
+    planning starts; elsewhere no limit). Each copy holds its weights, gradients and optimizer
+    state; copies are released least recently used first to make room, and candidates are timed
+    in groups that fit, each group with the baseline (a note says so). `progress` prints each stage.
     """
     started = time.perf_counter()
     if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
@@ -117,11 +124,14 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if adaptive_accumulation and size < 6:
         fail("batch", f"a batch of {size}", "with adaptive_accumulation, a batch of >= 6 samples (>= 3 micro-batches "
              "for the noise scale's interval, split into >= 2)")
+    if planning_memory_bytes is not None and not planning_memory_bytes > 0:
+        fail("planning_memory_bytes", planning_memory_bytes,
+             "None (on CUDA 90 % of the free memory, elsewhere no limit) or a number of bytes > 0")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     if try_compile is None:
         try_compile = device.type == "cuda"
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
-                    progress, loss_takes_model, run_samples)
+                    progress, loss_takes_model, run_samples, planning_memory_bytes)
     notes = []
     if search.energy_source is None and weights[2] > 0:
         notes.append(f"Energy weight {weights[2]} not used: {search.energy_unavailable}.")
@@ -187,6 +197,10 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         if not try_compile:
             notes.append(f"torch.compile not tried (try_compile=False, the default off CUDA: {COMPILE_ON_CPU}).")
 
+    if search.split_rounds:
+        notes.append(f"Timed in groups that fit in {search.capacity_bytes / 2**20:,.0f} MiB of device memory, each "
+                     f"group with the baseline ({search.split_rounds} round(s) split); {search.rebuilt} candidate "
+                     f"cop{'y was' if search.rebuilt == 1 else 'ies were'} built again after being released for room.")
     rows = list(search.rows.values())
     notes += choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=run_samples)
     chosen = next(row for row in rows if row.get("chosen"))

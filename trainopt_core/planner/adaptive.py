@@ -20,7 +20,7 @@ def measure_goodput(search: Search, chosen: Candidate, *, k_max: int) -> dict:
     search._say("adaptive accumulation: the gradient noise scale, then micro-batch and optimizer-step time")
     probe = probe_noise_scale(copy.deepcopy(search.model), search.batch, search.loss_fn,
                               loss_takes_model=search.loss_takes_model)
-    trial = search.trials[chosen]
+    trial = search.trial(chosen)
     parts = [trial.split_step(search.device) for _ in range(search.windows * search.steps_per_window)]
     micro_s = statistics.median(m for m, _ in parts) / chosen.k
     optimizer_s = statistics.median(o for _, o in parts)

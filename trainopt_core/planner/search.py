@@ -1,9 +1,19 @@
 """The measurements one `plan()` call makes: each candidate built on its own copy of the model,
 its peak memory from one tracked step (after the memory model -- eqs. 8/19, calibrated on the
 baseline's step -- had the chance to prune it), its probe-batch loss, and its speed in
-interleaved timing windows paired with the fp32 baseline's."""
+interleaved timing windows paired with the fp32 baseline's.
+
+The copies are kept between stages so that a later stage times them again without rebuilding.
+Where the device's memory is limited (`capacity_bytes`: on CUDA what was free when planning
+began), they are kept only while they fit: each holds its weights, gradients and optimizer state
+between steps (`held_bytes`), and each step adds its activations and temporaries on top
+(`step_bytes`). A candidate is built after releasing the copies least recently used until it
+fits, and candidates are timed in groups that fit together, each group with the baseline (every
+speedup is paired with the baseline's windows of the same rounds); a released copy is built
+again when a later group needs it."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -12,13 +22,14 @@ from typing import Sequence
 
 import torch
 
-from ..checkpointing import block_sequence, expected_saved_fraction, has_block_sequence
+from ..checkpointing import block_sequence, has_block_sequence
 from ..compose import prepare
 from ..measure.energy import EnergyMeter
-from ..measure.memory import MemoryTracker, resident_bytes
+from ..measure.memory import MemoryTracker, resident_bytes, state_bytes
 from ..measure.stats import paired_ratio, summarize
 from ..measure.timing import Timer, interleaved_windows
 from .choice import choose, measured_part
+from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes, predict
 from .space import Candidate, candidate_of
 
 PRUNE_MARGIN = 1.25       # a prediction this far over the budget is not worth measuring
@@ -95,7 +106,7 @@ class Search:
     """The measurements one `plan()` call makes: trials, rows, the memory model."""
 
     def __init__(self, model, optimizer_factory, batch, loss_fn, device, budget, windows, steps_per_window, progress,
-                 loss_takes_model, run_samples=None):
+                 loss_takes_model, run_samples=None, capacity_bytes=None):
         self.model, self.optimizer_factory, self.batch, self.loss_fn = model, optimizer_factory, batch, loss_fn
         self.loss_takes_model = loss_takes_model
         self.device, self.budget = device, budget
@@ -104,7 +115,13 @@ class Search:
         self.size = len(batch[0])
         self.num_blocks = len(block_sequence(model)) if has_block_sequence(model) else None
         self.rows: dict[Candidate, dict] = {}
-        self.trials: dict[Candidate, Trial] = {}
+        self.trials: dict[Candidate, Trial] = {}  # the copies built now, least recently used first
+        self.capacity_bytes = capacity_bytes if capacity_bytes is not None else default_capacity_bytes(device)
+        self.held_bytes: dict[Candidate, int] = {}  # held between steps by a candidate's copy
+        self.step_bytes: dict[Candidate, int] = {}  # a step's peak above that
+        self.first_loss: dict[Candidate, float] = {}  # the probe batch's loss at the initial weights
+        self.split_rounds = 0  # rounds of timing that memory split into groups
+        self.rebuilt = 0  # copies built again after being released for room
         # every timing window of a candidate, each with the baseline's window of the same round
         self.windows_timed: dict[Candidate, tuple[list[float], list[float]]] = {}
         self.calibration = None
@@ -127,7 +144,7 @@ class Search:
             if limit is not None and len(ran) >= limit:
                 break
             if candidate in self.rows:
-                if candidate in self.trials:
+                if candidate in self.held_bytes:  # measured before (its copy perhaps released since)
                     ran.append(candidate)
                 continue
             row = self.rows[candidate] = {
@@ -137,44 +154,122 @@ class Search:
                 "compile_s": None, "speedup_over_run": None, "feasible": False, "cost": None, "cost_ci_low": None,
                 "cost_ci_high": None, "rejected_because": None}
             if self.calibration is not None:
-                row["predicted_memory_bytes"] = predicted = _predict(self.calibration, candidate, self.size)
+                row["predicted_memory_bytes"] = predicted = predict(self.calibration, candidate, self.size)
                 if self.budget is not None and predicted > PRUNE_MARGIN * self.budget:
                     row["rejected_because"] = (f"pruned: eqs. 8/19 predict {predicted / 2**20:.1f} MiB, over "
                                                f"{PRUNE_MARGIN}x the budget")
                     continue
             self._say(f"memory: {candidate.name}")
-            others_bytes = resident_bytes(self.device)
-            try:
-                trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
-                              self.loss_takes_model)
-                started = time.perf_counter()
-                trial.step()  # warm-up: optimizer state allocated, kernels chosen (compiled)
-                if candidate.compile:  # the compiling step, whole: compilation plus one step
-                    row["compile_s"] = time.perf_counter() - started
-                    self.compile_s += row["compile_s"]
-                with MemoryTracker(trial.model, trial.optimizer, self.device) as tracker:
-                    trial.step()
-            except (torch.OutOfMemoryError, RuntimeError) as error:
-                if not _is_out_of_memory(error):
-                    raise
-                row["rejected_because"] = f"out of memory: {str(error).splitlines()[0][:120]}"
-                trial = None
-                _release(self.device)
+            self._make_room(row["predicted_memory_bytes"] or 0, keep=())
+            measured = self._measure_one(candidate, row)
+            if measured is None and self.trials:  # perhaps only the other copies were in the way
+                self._make_room(math.inf, keep=())
+                measured = self._measure_one(candidate, row)
+            if measured is None:
                 continue
+            trial, tracker, others_bytes, inputs_bytes = measured
+            row["rejected_because"] = None
             row["peak_memory_bytes"] = tracker.peak_bytes - others_bytes
+            self.held_bytes[candidate] = state_bytes(trial.model, trial.optimizer)
+            self.step_bytes[candidate] = max(row["peak_memory_bytes"] - self.held_bytes[candidate], 0)
             if candidate == Candidate():
-                self.calibration = _calibrate(tracker, self.size, self.num_blocks)
-                row["predicted_memory_bytes"] = _predict(self.calibration, candidate, self.size)
+                self.calibration = calibrate(tracker, row["peak_memory_bytes"], self.size, self.num_blocks,
+                                              inputs_bytes)
+                row["predicted_memory_bytes"] = predict(self.calibration, candidate, self.size)
             self.trials[candidate] = trial
+            self.first_loss[candidate] = trial.first_loss
             ran.append(candidate)
-        base_loss = self.trials[Candidate()].first_loss
+            del measured, trial, tracker  # a released copy must not live on here while the next is built
+        base_loss = self.first_loss[Candidate()]
         for candidate in ran:
-            row, loss = self.rows[candidate], self.trials[candidate].first_loss
+            row, loss = self.rows[candidate], self.first_loss[candidate]
             row["loss_rel_diff"] = diff = abs(loss - base_loss) / max(abs(base_loss), 1e-12)
             if not math.isfinite(loss) or diff > LOSS_TOLERANCE[candidate.precision]:
                 row["rejected_because"] = (f"quality: the probe batch's loss differs from fp32's by {diff:.2e} "
                                            f"(allowed {LOSS_TOLERANCE[candidate.precision]:.0e})")
         return ran
+
+    def _measure_one(self, candidate: Candidate, row: dict):
+        """Builds the candidate's copy, a warm-up step, then one tracked step. Returns (trial,
+        tracker, bytes resident before it was built, the baseline's block inputs or None), or
+        None after an out-of-memory error (recorded in the row)."""
+        others_bytes = resident_bytes(self.device)
+        inputs_bytes = None
+        try:
+            trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
+                          self.loss_takes_model)
+            started = time.perf_counter()
+            trial.step()  # warm-up: optimizer state allocated, kernels chosen (compiled)
+            if candidate.compile:  # the compiling step, whole: compilation plus one step
+                row["compile_s"] = time.perf_counter() - started
+                self.compile_s += row["compile_s"]
+            with contextlib.ExitStack() as stack:
+                if candidate == Candidate() and self.num_blocks:
+                    inputs_bytes = stack.enter_context(block_inputs_bytes(trial.model))
+                tracker = stack.enter_context(MemoryTracker(trial.model, trial.optimizer, self.device))
+                trial.step()
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not _is_out_of_memory(error):
+                raise
+            row["rejected_because"] = f"out of memory: {str(error).splitlines()[0][:120]}"
+            trial = None
+            _release(self.device)
+            return None
+        return trial, tracker, others_bytes, (sum(inputs_bytes) / len(inputs_bytes) if inputs_bytes else None)
+
+    def _make_room(self, need_bytes: float, keep: Sequence[Candidate]) -> None:
+        """Releases the copies least recently used (not those in `keep`) until what the rest hold
+        plus `need_bytes` fits in the capacity (nothing is released without one)."""
+        if self.capacity_bytes is None:
+            return
+        released = False
+        for candidate in list(self.trials):
+            if sum(self.held_bytes[c] for c in self.trials) + need_bytes <= self.capacity_bytes:
+                break
+            if candidate not in keep:
+                del self.trials[candidate]
+                released = True
+        if released:
+            _release(self.device)
+
+    def trial(self, candidate: Candidate) -> Trial:
+        """The candidate's copy, built again (with a warm-up step) if it was released for room."""
+        self._ensure([candidate])
+        return self.trials[candidate]
+
+    def _ensure(self, group: Sequence[Candidate]) -> None:
+        """Every copy of `group` built, the others released as far as the group needs the room."""
+        missing = [c for c in group if c not in self.trials]
+        need = sum(self.held_bytes[c] for c in missing) + max(self.step_bytes[c] for c in group)
+        self._make_room(need, keep=group)
+        for candidate in missing:
+            self._say(f"building again (released for room): {candidate.name}")
+            trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
+                          self.loss_takes_model)
+            trial.step()
+            self.trials[candidate] = trial
+            self.rebuilt += 1
+        for candidate in group:  # most recently used last
+            self.trials[candidate] = self.trials.pop(candidate)
+
+    def timing_groups_of(self, candidates: Sequence[Candidate]) -> list[list[Candidate]]:
+        """`candidates` (the baseline first) in groups that fit in the capacity together -- what
+        they hold between steps plus the largest step's peak -- each group led by the baseline.
+        One group without a capacity; a candidate that does not fit even beside the baseline alone
+        is still timed beside it (its out-of-memory error, if any, is real)."""
+        baseline, others = candidates[0], list(candidates[1:])
+        if self.capacity_bytes is None or not others:
+            return [list(candidates)]
+        groups, group = [], [baseline]
+        for candidate in others:
+            together = group + [candidate]
+            need = sum(self.held_bytes[c] for c in together) + max(self.step_bytes[c] for c in together)
+            if need > self.capacity_bytes and len(group) > 1:
+                groups.append(group)
+                group = [baseline, candidate]
+            else:
+                group = together
+        return groups + [group]
 
     def time(self, candidates: Sequence[Candidate]) -> None:
         """Times `candidates` (and the baseline) in interleaved windows; each row gets seconds
@@ -183,7 +278,15 @@ class Search:
         rounds keeps the windows of all of them (`timed_windows` counts them): a later round
         adds to its evidence instead of replacing it."""
         baseline = Candidate()
-        names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.trials]
+        names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.held_bytes]
+        groups = self.timing_groups_of(names)
+        self.split_rounds += len(groups) > 1
+        for group in groups:
+            self._time_group(group)
+
+    def _time_group(self, names: list[Candidate]) -> None:
+        baseline = names[0]
+        self._ensure(names)
         self._say(f"timing {len(names)} candidates in {self.windows} interleaved windows")
         rates = interleaved_windows({c.name: self.trials[c].step for c in names}, windows=self.windows,
                                     steps_per_window=self.steps_per_window, warmup_steps=0, device=self.device)
@@ -224,27 +327,3 @@ def _release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def _calibrate(tracker: MemoryTracker, batch_size: int, num_blocks: int | None) -> dict:
-    """The baseline step's peak split into what does not scale with the micro-batch (parameters,
-    buffers, gradients, optimizer state) and what does (activations, temporaries), per sample."""
-    parts = tracker.breakdown_at_peak
-    scaling = {key: parts.get(key, 0) / batch_size for key in ("activations", "temporaries")}
-    fixed = tracker.peak_bytes - batch_size * sum(scaling.values())
-    return {"fixed_bytes": fixed, "activation_bytes_per_sample": scaling["activations"],
-            "temporary_bytes_per_sample": scaling["temporaries"], "num_blocks": num_blocks}
-
-
-def _predict(calibration: dict, candidate: Candidate, batch_size: int) -> float:
-    """Eq. 8 (activations of one micro-batch of B/k samples) and eq. 19 (checkpointing keeps a
-    fraction of them). Reduced precision is taken to halve what scales with the batch (autocast
-    keeps FP32 weights, so eq. 17's halving of weights and gradients is not assumed). Meant to
-    prune, so it leans low: temporaries are scaled like activations, and the selective policy
-    is taken to keep what full checkpointing keeps."""
-    activations = calibration["activation_bytes_per_sample"] * batch_size / candidate.k
-    if candidate.checkpointing is not None and calibration["num_blocks"]:
-        activations *= min(1.0, expected_saved_fraction(calibration["num_blocks"], candidate.checkpointing))
-    temporaries = calibration["temporary_bytes_per_sample"] * batch_size / candidate.k
-    factor = 1.0 if candidate.precision == "fp32" else 0.5
-    return calibration["fixed_bytes"] + factor * (activations + temporaries)
