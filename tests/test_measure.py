@@ -332,3 +332,23 @@ def test_cheapest_config_leaves_energy_out_unless_every_record_has_it():
     best = measure.cheapest_config(records, lambda r: True)
     assert not best["cost"]["energy_included"]
     assert math.isclose(best["cost"]["cost"], 1.0)
+
+
+def test_state_bytes_counts_weights_gradients_and_optimizer_state_once_each():
+    from trainopt_core.measure.memory import state_bytes
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.Linear(64, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert state_bytes(model, optimizer) == parameters + buffers  # no gradients or state yet
+    F.cross_entropy(model(torch.randn(8, 32)), torch.randint(0, 4, (8,))).backward()
+    assert state_bytes(model, optimizer) == 2 * parameters + buffers
+    optimizer.step()
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in optimizer.state.values())
+    assert state_bytes(model, optimizer) == 4 * parameters + buffers + steps  # exp_avg, exp_avg_sq
+    optimizer.zero_grad(set_to_none=True)
+    assert state_bytes(model, optimizer) == 3 * parameters + buffers + steps
+    tied = nn.Linear(16, 16, bias=False)
+    twice = nn.ModuleList([tied, tied])  # a shared module's storage is counted once
+    assert state_bytes(twice) == 16 * 16 * 4
