@@ -101,6 +101,8 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
         print(f"  plan {label}: {result.chosen['candidate']} (planning {result.planning_s:.1f} s, "
               f"{sum(r['speedup'] is not None for r in result.rows)} candidates timed"
               + (f", budget {budget / 2**20:.1f} MiB" if budget else "") + ")")
+        if result.stage_s:
+            print("    planning by stage: " + ", ".join(f"{stage} {s:.1f} s" for stage, s in result.stage_s.items()))
     configs = {"baseline": OptimizationConfig.baseline()}
     configs.update({label: p.config for label, p in plans.items() if label != "(time, memory) weighted"})
     steps_by_label, peaks = {}, {}
@@ -121,6 +123,7 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
                "speedup_ci_low": ratio["ci_low"], "speedup_ci_high": ratio["ci_high"],
                "peak_memory_bytes": peaks[label], "memory_budget_bytes": budget,
                "planning_s": planned.planning_s if planned else None,
+               "planning_stage_s": dict(planned.stage_s) if planned else None,
                "chosen": planned.chosen["candidate"] if planned else "fp32, k=1"}
         results["rows"].append(row)
         fit = "" if budget is None else (" within budget" if peaks[label] <= budget else " OVER BUDGET")

@@ -47,6 +47,10 @@ def test_without_a_budget_the_plan_is_never_slower_than_fp32_and_leaves_the_mode
     base_of_options = rows[", ".join(options_base["candidate"].split(", ")[:2])]
     assert base_of_options["timed_windows"] == 4 and options_base["timed_windows"] == 2
     assert rows["fp32, k=1"]["timed_windows"] == 4
+    # where planning time went, by stage: checkpointing not tried (memory does not count)
+    assert list(result.stage_s) == ["precision x split", "speed options"]
+    assert 0 < sum(result.stage_s.values()) <= result.planning_s
+    assert "Planning took" in result.explain() and "(precision x split " in result.explain()
 
 
 def test_a_budget_below_the_baseline_is_met_and_the_plan_says_the_baseline_was_ruled_out():
@@ -118,7 +122,11 @@ def test_rechoose_applies_other_weights_to_the_same_measurements_and_a_plan_surv
     assert memory_only.chosen["peak_memory_bytes"] == min(row["peak_memory_bytes"] for row in measured)
     assert result.rechoose().chosen["candidate"] == result.chosen["candidate"]
     again = Plan.from_dict(json.loads(json.dumps(result.to_dict())))
-    assert again.config == result.config and again.rows == result.rows
+    assert again.config == result.config and again.rows == result.rows and again.stage_s == result.stage_s
+    assert "checkpointing" in result.stage_s  # memory counts (w2 > 0): the stage ran
+    older = result.to_dict()
+    del older["stage_s"]  # a plan stored before stage timings were kept
+    assert Plan.from_dict(older).stage_s == {}
     figure = result.pareto_figure()
     assert figure.axes[0].get_xlabel().startswith("peak memory")
 

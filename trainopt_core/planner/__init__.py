@@ -133,6 +133,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
                     progress, loss_takes_model, run_samples, planning_memory_bytes)
     notes = []
+    stage_s, lap_start = {}, [started]
+
+    def lap(stage: str) -> None:  # where planning time goes, by stage
+        now = time.perf_counter()
+        stage_s[stage] = stage_s.get(stage, 0.0) + now - lap_start[0]
+        lap_start[0] = now
+
     if search.energy_source is None and weights[2] > 0:
         notes.append(f"Energy weight {weights[2]} not used: {search.energy_unavailable}.")
 
@@ -141,6 +148,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     first = search.measure_memory(stage1)
     search.time(first)
     best = search.best(weights=weights, min_k=min_k)
+    lap("precision x split")
 
     # 2. checkpointing, where memory counts
     if search.num_blocks and (memory_budget_bytes is not None or weights[1] > 0):
@@ -175,6 +183,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         if ran:
             search.time([best] + ran if best else ran)
             best = search.best(weights=weights, min_k=min_k)
+        lap("checkpointing")
     elif memory_budget_bytes is not None and not search.num_blocks:
         notes.append("Checkpointing not tried: the model has no known block sequence (give it checkpoint_blocks).")
 
@@ -194,6 +203,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                 built = search.measure_memory([together])
                 if built:
                     search.time(built)
+        lap("speed options")
         if not try_compile:
             notes.append(f"torch.compile not tried (try_compile=False, the default off CUDA: {COMPILE_ON_CPU}).")
 
@@ -208,10 +218,11 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if adaptive_accumulation:
         good = measure_goodput(search, candidate_of(chosen), k_max=k_max)
         config = adaptive_config(config, good)
+        lap("goodput")
     return Plan(config=config, chosen=chosen, baseline=search.rows[Candidate()], rows=rows,
                 memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=time.perf_counter() - started,
                 compile_s=search.compile_s, notes=notes, energy_source=search.energy_source, goodput=good,
-                run_samples=run_samples)
+                run_samples=run_samples, stage_s=stage_s)
 
 
 __all__ = ["COMPILE_ON_CPU", "Candidate", "Plan", "native_reduced_precisions", "pareto_front", "plan"]

@@ -32,6 +32,7 @@ class Plan:
     energy_source: str | None = None
     goodput: dict | None = None  # with adaptive accumulation: the noise scale and k by goodput
     run_samples: int | None = None  # the run's length, over which a compiled candidate's compile time is spread
+    stage_s: dict = field(default_factory=dict)  # planning seconds by stage (where planning time goes)
 
     def frame(self):
         import pandas as pd
@@ -44,7 +45,7 @@ class Plan:
                 "memory_budget_bytes": self.memory_budget_bytes, "weights": list(self.weights),
                 "planning_s": self.planning_s, "compile_s": self.compile_s, "notes": list(self.notes),
                 "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows],
-                "goodput": self.goodput, "run_samples": self.run_samples}
+                "goodput": self.goodput, "run_samples": self.run_samples, "stage_s": dict(self.stage_s)}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Plan":
@@ -55,7 +56,8 @@ class Plan:
                    memory_budget_bytes=values["memory_budget_bytes"], weights=tuple(values["weights"]),
                    planning_s=values["planning_s"], compile_s=values.get("compile_s", 0.0),
                    notes=list(values.get("notes", [])), energy_source=values.get("energy_source"),
-                   goodput=values.get("goodput"), run_samples=values.get("run_samples"))
+                   goodput=values.get("goodput"), run_samples=values.get("run_samples"),
+                   stage_s=dict(values.get("stage_s") or {}))
 
     def rechoose(self, *, memory_budget_bytes: float | None = None, weights: Sequence[float] | None = None) -> "Plan":
         """The same measurements chosen again under another budget and/or weights (nothing is
@@ -83,7 +85,7 @@ class Plan:
         return Plan(config=config, chosen=chosen, baseline=baseline, rows=rows,
                     memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=self.planning_s,
                     compile_s=self.compile_s, notes=notes, energy_source=self.energy_source, goodput=good,
-                    run_samples=self.run_samples)
+                    run_samples=self.run_samples, stage_s=dict(self.stage_s))
 
     def explain(self) -> str:
         base, best = self.baseline, self.chosen
@@ -102,7 +104,9 @@ class Plan:
         if self.goodput:
             lines += ["  " + line for line in explain_goodput(self.goodput)]
         lines.append(f"Planning took {self.planning_s:.1f} s" +
-                     (f", of which compiling {self.compile_s:.1f} s." if self.compile_s else "."))
+                     (f", of which compiling {self.compile_s:.1f} s" if self.compile_s else "") +
+                     (" (" + ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in self.stage_s.items()) + ")"
+                      if self.stage_s else "") + ".")
         return "\n".join(lines)
 
     def pareto_figure(self, ax=None):
