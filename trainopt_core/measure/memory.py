@@ -49,20 +49,42 @@ def resident_bytes(device: torch.device | str) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
-    """Bytes a model and its optimizer hold between steps: parameters, buffers, gradients and
-    optimizer state, each storage counted once. What several models built side by side hold
-    together, apart from the activations and temporaries each step allocates and frees."""
-    tensors = list(model.parameters()) + list(model.buffers())
-    tensors += [p.grad for p in model.parameters() if p.grad is not None]
-    if optimizer is not None:
-        tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (views and tied weights counted once)."""
     storages = {}
     for tensor in tensors:
         storage = _storage_of(tensor)
         if storage is not None:
             storages[(storage.device, storage.data_ptr())] = storage.nbytes()
     return sum(storages.values())
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Bytes a model and its optimizer hold between steps: parameters, buffers, gradients and
+    optimizer state, each storage counted once. What several models built side by side hold
+    together, apart from the activations and temporaries each step allocates and frees."""
+    return storage_bytes(tensor for _, tensor in _state_tensors(model, optimizer))
+
+
+def _parameters_of(model, optimizer) -> list[torch.Tensor]:
+    params = list(model.parameters()) if model is not None else []
+    if optimizer is not None:
+        params += [p for group in optimizer.param_groups for p in group["params"]]
+    return list({id(p): p for p in params}.values())
+
+
+def _state_tensors(model, optimizer):
+    """(category, tensor) for what a model and optimizer hold between steps."""
+    if model is not None:
+        yield from (("parameters", t) for t in model.parameters())
+        yield from (("buffers", t) for t in model.buffers())
+    for parameter in _parameters_of(model, optimizer):
+        yield "parameters", parameter
+        if parameter.grad is not None:
+            yield "gradients", parameter.grad
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            yield from (("optimizer_state", v) for v in state.values() if isinstance(v, torch.Tensor))
 
 
 class _Storage:
@@ -183,23 +205,11 @@ class MemoryTracker:
                 self._track(storage, category)
 
     def _tag_state(self) -> None:
-        if self.model is not None:
-            self._tag(self.model.parameters(), "parameters")
-            self._tag(self.model.buffers(), "buffers")
-        for parameter in self._parameters():
-            self._tag([parameter], "parameters")
-            if parameter.grad is not None:
-                self._tag([parameter.grad], "gradients")
-        if self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                self._tag([v for v in state.values() if isinstance(v, torch.Tensor)], "optimizer_state")
+        for category, tensor in _state_tensors(self.model, self.optimizer):
+            self._tag([tensor], category)
 
     def _parameters(self) -> list[torch.Tensor]:
-        params = list(self.model.parameters()) if self.model is not None else []
-        if self.optimizer is not None:
-            params += [p for group in self.optimizer.param_groups for p in group["params"]]
-        unique = {id(p): p for p in params}
-        return list(unique.values())
+        return _parameters_of(self.model, self.optimizer)
 
     # ------------------------------------------------------------------ hooks
     def _after_op(self, inputs, outputs) -> None:

@@ -133,12 +133,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
                     progress, loss_takes_model, run_samples, planning_memory_bytes)
     notes = []
-    stage_s, lap_start = {}, [started]
+    stage_s, stage_started = {}, started
 
     def lap(stage: str) -> None:  # where planning time goes, by stage
+        nonlocal stage_started
         now = time.perf_counter()
-        stage_s[stage] = stage_s.get(stage, 0.0) + now - lap_start[0]
-        lap_start[0] = now
+        stage_s[stage] = stage_s.get(stage, 0.0) + now - stage_started
+        stage_started = now
 
     if search.energy_source is None and weights[2] > 0:
         notes.append(f"Energy weight {weights[2]} not used: {search.energy_unavailable}.")

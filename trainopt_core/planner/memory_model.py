@@ -10,7 +10,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..checkpointing import block_sequence, expected_saved_fraction
-from ..measure.memory import MemoryTracker
+from ..measure.memory import MemoryTracker, storage_bytes
 from .space import Candidate
 
 CAPACITY_FRACTION = 0.9   # of a CUDA device's free memory, what the candidates' copies may use (fragmentation)
@@ -34,11 +34,7 @@ def block_inputs_bytes(model):
     seen: list[int] = []
 
     def record(_module, args, kwargs):
-        storages = {}
-        for value in tree_leaves((args, kwargs)):
-            if isinstance(value, torch.Tensor):
-                storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
-        seen.append(sum(storages.values()))
+        seen.append(storage_bytes(tree_leaves((args, kwargs))))
 
     handles = [block.register_forward_pre_hook(record, with_kwargs=True) for block in block_sequence(model)]
     try:

@@ -196,13 +196,10 @@ class Search:
         others_bytes = resident_bytes(self.device)
         inputs_bytes = None
         try:
-            trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
-                          self.loss_takes_model)
-            started = time.perf_counter()
-            trial.step()  # warm-up: optimizer state allocated, kernels chosen (compiled)
+            trial, warmup_s = self._built(candidate)
             if candidate.compile:  # the compiling step, whole: compilation plus one step
-                row["compile_s"] = time.perf_counter() - started
-                self.compile_s += row["compile_s"]
+                row["compile_s"] = warmup_s
+                self.compile_s += warmup_s
             with contextlib.ExitStack() as stack:
                 if candidate == Candidate() and self.num_blocks:
                     inputs_bytes = stack.enter_context(block_inputs_bytes(trial.model))
@@ -212,10 +209,18 @@ class Search:
             if not _is_out_of_memory(error):
                 raise
             row["rejected_because"] = f"out of memory: {str(error).splitlines()[0][:120]}"
-            trial = None
             _release(self.device)
             return None
         return trial, tracker, others_bytes, (sum(inputs_bytes) / len(inputs_bytes) if inputs_bytes else None)
+
+    def _built(self, candidate: Candidate) -> tuple[Trial, float]:
+        """A new copy of the candidate after one warm-up step (optimizer state allocated, kernels
+        chosen or compiled), and that step's seconds."""
+        trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
+                      self.loss_takes_model)
+        started = time.perf_counter()
+        trial.step()
+        return trial, time.perf_counter() - started
 
     def _make_room(self, need_bytes: float, keep: Sequence[Candidate]) -> None:
         """Releases the copies least recently used (not those in `keep`) until what the rest hold
@@ -244,10 +249,7 @@ class Search:
         self._make_room(need, keep=group)
         for candidate in missing:
             self._say(f"building again (released for room): {candidate.name}")
-            trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
-                          self.loss_takes_model)
-            trial.step()
-            self.trials[candidate] = trial
+            self.trials[candidate], _ = self._built(candidate)
             self.rebuilt += 1
         for candidate in group:  # most recently used last
             self.trials[candidate] = self.trials.pop(candidate)
