@@ -40,12 +40,14 @@ def _optimizer(prof):
     return build
 
 
-def bench_task(task: str, profile: str, device: torch.device, windows: int, steps: int, progress: bool) -> dict:
+def bench_task(task: str, profile: str, device: torch.device, windows: int, steps: int, progress: bool,
+               planning_memory_bytes: float | None = None) -> dict:
     prof = get_profile(task, profile)
     torch.manual_seed(0)
     bundle = build_task(prof, data_policy="auto", data_dir=None, device=device, seed=0)
     print(f"\n{task}: {bundle.model_name}; {bundle.data_source}; batch {prof.baseline_batch_size}")
-    result = plan_task(bundle, prof, device, progress=progress, adaptive_accumulation=True)
+    result = plan_task(bundle, prof, device, progress=progress, adaptive_accumulation=True,
+                       planning_memory_bytes=planning_memory_bytes)
     good = result.goodput
     print(f"  plan: {result.chosen['candidate']} -> starting k={result.config.k}, k in [{good['k_min']}, {good['k_max']}] "
           f"(planning {result.planning_s:.1f} s)")

@@ -25,7 +25,11 @@ def test_a_failing_plan_is_reported_and_the_other_plans_go_on(monkeypatch, capsy
     weighted_rows = [{"peak_memory_bytes": 800, "checkpointing": None},
                      {"peak_memory_bytes": 400, "checkpointing": "sqrt"}]
 
-    def plan_task(bundle, prof, device, progress=False, memory_budget_bytes=None, weights=None):
+    limits = []
+
+    def plan_task(bundle, prof, device, progress=False, memory_budget_bytes=None, weights=None,
+                  planning_memory_bytes=None):
+        limits.append(planning_memory_bytes)
         if memory_budget_bytes == 500:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.14 GiB")
         if memory_budget_bytes == 600:  # halfway between the smallest checkpointed and plain peaks
@@ -33,8 +37,9 @@ def test_a_failing_plan_is_reported_and_the_other_plans_go_on(monkeypatch, capsy
         return _result(weighted_rows if weights else ())
 
     monkeypatch.setattr(bench, "plan_task", plan_task)
-    plans, failed = bench._plans(None, None, torch.device("cpu"), progress=False)
+    plans, failed = bench._plans(None, None, torch.device("cpu"), progress=False, planning_memory_bytes=2**30)
     assert list(plans) == ["auto", "(time, memory) weighted"]
+    assert limits == [2**30] * 4  # --planning-memory-mib reaches every plan
     assert failed["auto, 50 % budget"].startswith("OutOfMemoryError: CUDA out of memory")
     assert failed["auto, checkpoint-only budget"].startswith("ValueError: memory_budget_bytes=600")
     assert "plan auto, 50 % budget: FAILED OutOfMemoryError" in capsys.readouterr().out

@@ -408,3 +408,30 @@ def test_the_memory_model_credits_checkpointing_every_block_with_what_it_saves()
         twin = plain[row["precision"]]
         assert row["predicted_memory_bytes"] < twin["predicted_memory_bytes"]
         assert row["predicted_memory_bytes"] <= row["peak_memory_bytes"]
+
+
+def test_split_timing_starts_with_the_group_whose_copies_are_still_built(monkeypatch):
+    from trainopt_core.planner.search import Search
+    from trainopt_core.planner.space import Candidate
+
+    baseline, a, b, c, d = Candidate(), Candidate(k=2), Candidate(k=4), Candidate(precision="bf16"), \
+        Candidate(precision="bf16", k=2)
+    search = Search.__new__(Search)  # the bookkeeping only: no model is built or timed
+    search.capacity_bytes, search.progress, search.rebuilt, search.split_rounds = 100, False, 0, 0
+    search.device = torch.device("cpu")
+    search.held_bytes = dict.fromkeys((baseline, a, b, c, d), 20)
+    search.step_bytes = {baseline: 40, a: 10, b: 10, c: 10, d: 10}
+    search.trials = {c: "copy", d: "copy"}  # measured last: the baseline, a and b were released for room
+    search._built = lambda candidate: ("copy", 0.0)
+    order = []
+
+    def time_group(group):
+        search._ensure(group)
+        assert sum(search.held_bytes[x] for x in search.trials) + max(search.step_bytes[x] for x in group) <= 100
+        order.append(group)
+
+    search._time_group = time_group
+    search.time([a, b, c, d])
+    assert order == [[baseline, c, d], [baseline, a, b]]  # groups of three fit in 100 bytes
+    assert search.rebuilt == 3  # the baseline, a, b (timing a and b first would build five)
+    assert search.split_rounds == 1

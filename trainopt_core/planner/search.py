@@ -8,9 +8,10 @@ Where the device's memory is limited (`capacity_bytes`: on CUDA what was free wh
 began), they are kept only while they fit: each holds its weights, gradients and optimizer state
 between steps (`held_bytes`), and each step adds its activations and temporaries on top
 (`step_bytes`). A candidate is built after releasing the copies least recently used until it
-fits, and candidates are timed in groups that fit together, each group with the baseline (every
-speedup is paired with the baseline's windows of the same rounds); a released copy is built
-again when a later group needs it."""
+fits (the baseline's is kept: it is in every timing group), and candidates are timed in groups
+that fit together, each group with the baseline (every speedup is paired with the baseline's
+windows of the same rounds), the group whose copies are still built first; a released copy is
+built again when a later group needs it."""
 from __future__ import annotations
 
 import contextlib
@@ -160,7 +161,7 @@ class Search:
                                                f"{PRUNE_MARGIN}x the budget")
                     continue
             self._say(f"memory: {candidate.name}")
-            self._make_room(row["predicted_memory_bytes"] or 0, keep=())
+            self._make_room(row["predicted_memory_bytes"] or 0, keep=(Candidate(),))  # in every timing group
             measured = self._measure_one(candidate, row)
             if measured is None and self.trials:  # perhaps only the other copies were in the way
                 self._make_room(math.inf, keep=())
@@ -283,7 +284,9 @@ class Search:
         names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.held_bytes]
         groups = self.timing_groups_of(names)
         self.split_rounds += len(groups) > 1
-        for group in groups:
+        while groups:  # the group whose copies are still built first: fewer copies built again
+            group = min(groups, key=lambda g: sum(c not in self.trials for c in g))
+            groups.remove(group)
             self._time_group(group)
 
     def _time_group(self, names: list[Candidate]) -> None:
