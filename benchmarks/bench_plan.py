@@ -17,6 +17,11 @@ baseline is paired window by window (median and 95 % interval). Peak memory of e
 again on that path (one tracked optimizer step after a warm-up). Bar 1: auto >= 1.25x.
 
     python benchmarks/bench_plan.py [--profile quick] [--tasks cifar10,wikitext2] [--json FILE]
+                                    [--planning-memory-mib N]
+
+`--planning-memory-mib` limits what the planner's candidate copies may hold at once, as a GPU's
+memory does (on CUDA the default is 90 % of the free memory): on a CPU it runs the timing in
+groups that fit, each with the baseline, that a paper-size plan needs on a GPU.
 """
 from __future__ import annotations
 
