@@ -2,8 +2,12 @@
 
 Run from the repository root: python reports/other_machines/avx512bf16_f26_benchmarks/planning_memory_limit/compiled_copy_built_again.py
 The plan builds a released copy again with `Search._built`, as below: a new deep copy, prepared
-(compiled) and stepped once; this prints that warm-up step's seconds for the first build and two more."""
-import copy, gc, time, warnings
+(compiled) and stepped once; this prints that warm-up step's seconds for the first build and two more. Inductor's on-disk
+cache is pointed at a new empty folder, so the first build compiles from nothing, as on a fresh
+machine (left at its default, a second run of this script finds the first run's kernels there)."""
+import copy, gc, os, tempfile, time, warnings
+
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_cold_")
 import torch
 warnings.simplefilter("ignore")
 from trainopt_core.reproduction.profiles import get_profile
