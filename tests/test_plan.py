@@ -435,3 +435,49 @@ def test_split_timing_starts_with_the_group_whose_copies_are_still_built(monkeyp
     assert order == [[baseline, c, d], [baseline, a, b]]  # groups of three fit in 100 bytes
     assert search.rebuilt == 3  # the baseline, a, b (timing a and b first would build five)
     assert search.split_rounds == 1
+
+
+def _out_of_memory_when(monkeypatch, too_much):
+    """The planner's timing runs out of memory when `too_much(names of the steps timed together)`."""
+    import trainopt_core.planner.search as search
+
+    real = search.interleaved_windows
+    groups = []
+
+    def windows(steps, **kwargs):
+        groups.append(sorted(steps))
+        if too_much(set(steps)):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.14 GiB")
+        return real(steps, **kwargs)
+
+    monkeypatch.setattr(search, "interleaved_windows", windows)
+    return groups
+
+
+def test_a_timing_group_that_runs_out_of_memory_is_timed_again_in_halves_each_with_the_baseline(monkeypatch):
+    groups = _out_of_memory_when(monkeypatch, lambda names: len(names) > 3)
+    result = _plan(ks=(1, 2, 4))
+    rows = {row["candidate"]: row for row in result.rows}
+    assert all(row["timed_windows"] >= 2 and not (row["rejected_because"] or "").startswith("out of memory")
+               for row in rows.values())
+    timed = [group for group in groups if len(group) <= 3]
+    assert all("fp32, k=1" in group for group in timed)  # every speedup paired with the baseline's windows
+    note = next(note for note in result.notes if note.startswith("Timed in groups that fit,"))
+    assert "halved after running out of memory" in note
+    assert result.chosen["feasible"] and result.chosen["speedup"] >= 1.0
+
+
+def test_a_candidate_out_of_memory_even_beside_the_baseline_alone_is_rejected_and_the_plan_goes_on(monkeypatch):
+    _out_of_memory_when(monkeypatch, lambda names: "fp32, k=4" in names)
+    result = _plan(ks=(1, 2, 4))
+    rows = {row["candidate"]: row for row in result.rows}
+    assert rows["fp32, k=4"]["rejected_because"] == "out of memory: while timed beside the baseline alone"
+    assert rows["fp32, k=4"]["speedup"] is None and not rows["fp32, k=4"]["feasible"]
+    assert rows["fp32, k=2"]["timed_windows"] >= 2
+    assert result.chosen["candidate"] != "fp32, k=4" and result.chosen["feasible"]
+
+
+def test_the_baseline_running_out_of_memory_alone_is_raised(monkeypatch):
+    _out_of_memory_when(monkeypatch, lambda names: True)
+    with pytest.raises(torch.OutOfMemoryError):
+        _plan(ks=(1, 2))

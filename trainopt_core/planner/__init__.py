@@ -101,7 +101,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     candidates' copies may hold on the device at once (default: on CUDA 90 % of what is free when
     planning starts; elsewhere no limit). Each copy holds its weights, gradients and optimizer
     state; copies are released least recently used first to make room, and candidates are timed
-    in groups that fit, each group with the baseline (a note says so). `progress` prints each stage.
+    in groups that fit, each group with the baseline (a note says so); a group that runs out of
+    memory all the same is timed again in halves. `progress` prints each stage.
     """
     started = time.perf_counter()
     if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
@@ -209,9 +210,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
             notes.append(f"torch.compile not tried (try_compile=False, the default off CUDA: {COMPILE_ON_CPU}).")
 
     if search.split_rounds:
-        notes.append(f"Timed in groups that fit in {search.capacity_bytes / 2**20:,.0f} MiB of device memory, each "
-                     f"group with the baseline ({search.split_rounds} round(s) split); {search.rebuilt} candidate "
-                     f"cop{'y was' if search.rebuilt == 1 else 'ies were'} built again after being released for room.")
+        room = ("that fit" if search.capacity_bytes is None
+                else f"that fit in {search.capacity_bytes / 2**20:,.0f} MiB of device memory")
+        ran_out = (f", {search.out_of_memory_splits} of them halved after running out of memory"
+                   if search.out_of_memory_splits else "")
+        notes.append(f"Timed in groups {room}, each group with the baseline ({search.split_rounds} round(s) split"
+                     f"{ran_out}); {search.rebuilt} candidate cop{'y was' if search.rebuilt == 1 else 'ies were'} "
+                     "built again after being released for room.")
     rows = list(search.rows.values())
     notes += choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=run_samples)
     chosen = next(row for row in rows if row.get("chosen"))

@@ -11,7 +11,9 @@ between steps (`held_bytes`), and each step adds its activations and temporaries
 fits (the baseline's is kept: it is in every timing group), and candidates are timed in groups
 that fit together, each group with the baseline (every speedup is paired with the baseline's
 windows of the same rounds), the group whose copies are still built first; a released copy is
-built again when a later group needs it."""
+built again when a later group needs it. A group that runs out of memory all the same (the steps'
+peaks together, the allocator's fragmentation) is timed again in halves with the other copies
+released, down to a candidate beside the baseline alone, which is then rejected as out of memory."""
 from __future__ import annotations
 
 import contextlib
@@ -122,6 +124,7 @@ class Search:
         self.step_bytes: dict[Candidate, int] = {}  # a step's peak above that
         self.first_loss: dict[Candidate, float] = {}  # the probe batch's loss at the initial weights
         self.split_rounds = 0  # rounds of timing that memory split into groups
+        self.out_of_memory_splits = 0  # timing groups that ran out of memory and were timed again in halves
         self.rebuilt = 0  # copies built again after being released for room
         # every timing window of a candidate, each with the baseline's window of the same round
         self.windows_timed: dict[Candidate, tuple[list[float], list[float]]] = {}
@@ -164,7 +167,7 @@ class Search:
             self._make_room(row["predicted_memory_bytes"] or 0, keep=(Candidate(),))  # in every timing group
             measured = self._measure_one(candidate, row)
             if measured is None and self.trials:  # perhaps only the other copies were in the way
-                self._make_room(math.inf, keep=())
+                self._release_copies(keep=())
                 measured = self._measure_one(candidate, row)
             if measured is None:
                 continue
@@ -238,6 +241,13 @@ class Search:
         if released:
             _release(self.device)
 
+    def _release_copies(self, keep: Sequence[Candidate]) -> None:
+        """Releases every copy but those in `keep` (after an out-of-memory error: with or without a
+        capacity, the other copies may be what was in the way)."""
+        for candidate in [c for c in self.trials if c not in keep]:
+            del self.trials[candidate]
+        _release(self.device)
+
     def trial(self, candidate: Candidate) -> Trial:
         """The candidate's copy, built again (with a warm-up step) if it was released for room."""
         self._ensure([candidate])
@@ -283,11 +293,37 @@ class Search:
         baseline = Candidate()
         names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.held_bytes]
         groups = self.timing_groups_of(names)
-        self.split_rounds += len(groups) > 1
+        split = len(groups) > 1
         while groups:  # the group whose copies are still built first: fewer copies built again
             group = min(groups, key=lambda g: sum(c not in self.trials for c in g))
             groups.remove(group)
+            if self._timed_within_memory(group):
+                continue
+            # out of memory after all (steps' peaks together, the allocator's fragmentation): the
+            # other copies released, the group timed again in halves, each with the baseline
+            split = True
+            self.out_of_memory_splits += 1
+            self._release_copies(keep=(baseline,))
+            others = group[1:]
+            if len(others) > 1:
+                groups += [[baseline] + others[:len(others) // 2], [baseline] + others[len(others) // 2:]]
+            else:  # the baseline or the candidate: the baseline alone decides (raised if it is out of memory)
+                if not self.windows_timed.get(baseline):
+                    self._time_group([baseline])
+                if not self.windows_timed.get(others[0]):  # timed in no earlier round either
+                    self.rows[others[0]]["rejected_because"] = "out of memory: while timed beside the baseline alone"
+        self.split_rounds += split
+
+    def _timed_within_memory(self, group: list[Candidate]) -> bool:
+        """Times the group; False if it ran out of memory (the baseline alone doing so is raised)."""
+        try:
             self._time_group(group)
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not _is_out_of_memory(error) or len(group) == 1:
+                raise
+            self._say(f"out of memory timing {len(group)} candidates: {str(error).splitlines()[0][:120]}")
+            return False
+        return True
 
     def _time_group(self, names: list[Candidate]) -> None:
         baseline = names[0]
