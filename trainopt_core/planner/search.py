@@ -12,8 +12,8 @@ fits (the baseline's is kept: it is in every timing group), and candidates are t
 that fit together, each group with the baseline (every speedup is paired with the baseline's
 windows of the same rounds), the group whose copies are still built first; a released copy is
 built again when a later group needs it. A group that runs out of memory all the same (the steps'
-peaks together, the allocator's fragmentation) is timed again in halves with the other copies
-released, down to a candidate beside the baseline alone, which is then rejected as out of memory."""
+peaks together, the allocator's fragmentation) is timed again in halves from new copies, down
+to a candidate beside the baseline alone, which is then rejected as out of memory."""
 from __future__ import annotations
 
 import contextlib
@@ -299,11 +299,12 @@ class Search:
             groups.remove(group)
             if self._timed_within_memory(group):
                 continue
-            # out of memory after all (steps' peaks together, the allocator's fragmentation): the
-            # other copies released, the group timed again in halves, each with the baseline
+            # out of memory after all (steps' peaks together, the allocator's fragmentation): every
+            # copy released (the one that failed may have stopped inside its step, its gradients half
+            # accumulated), the group timed again in halves, each with the baseline
             split = True
             self.out_of_memory_splits += 1
-            self._release_copies(keep=(baseline,))
+            self._release_copies(keep=())
             others = group[1:]
             if len(others) > 1:
                 groups += [[baseline] + others[:len(others) // 2], [baseline] + others[len(others) // 2:]]
