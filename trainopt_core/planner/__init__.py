@@ -8,7 +8,9 @@ windows together with the fp32 baseline (so every speedup is a paired ratio to t
 measured in the same windows):
 
 1. Precision × split: fp32, plus bf16 where the device computes it natively, plus fp16 on
-   CUDA; × splits of the effective batch into k micro-batches.
+   CUDA; × splits of the effective batch into k micro-batches. Where other candidates are within
+   the timing noise of the best (their eq. 3 cost intervals overlap), the best and the closest
+   two are timed once more together before stage 3 builds on the best.
 2. Memory (only when it counts: a budget, or w2 > 0): activation checkpointing -- ⌈√L⌉ segments,
    every block its own segment, and every block with the selective policy (matmul outputs kept,
    cheap ops recomputed) -- on the stage-1 candidates it could help: those over the budget, or
@@ -149,6 +151,9 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     stage1 = precision_splits(size, device, ks, min_k=min_k)
     first = search.measure_memory(stage1)
     search.time(first)
+    tied = search.near_ties(weights=weights, min_k=min_k)
+    if tied:  # the speed options build on one of them: more windows for those within the noise first
+        search.time(tied)
     best = search.best(weights=weights, min_k=min_k)
     lap("precision x split")
 

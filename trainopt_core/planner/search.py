@@ -36,6 +36,7 @@ from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes,
 from .space import Candidate, candidate_of
 
 PRUNE_MARGIN = 1.25       # a prediction this far over the budget is not worth measuring
+NEAR_TIES = 3             # candidates within the noise of the choice timed once more, the choice included
 LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}  # |loss - fp32 loss| / |fp32 loss| on the probe batch
 
 
@@ -348,14 +349,28 @@ class Search:
                     samples = sum(self.trials[candidate].step() for _ in range(self.steps_per_window))
                 row["energy_j_per_sample"] = None if meter.energy_j is None else meter.energy_j / samples
 
-    def best(self, *, weights, min_k: int = 1) -> Candidate | None:
-        """The current choice among what is measured so far (None when nothing fits yet)."""
+    def _choice(self, weights, min_k: int) -> list[dict] | None:
+        """The rows measured so far with eq. 3's choice marked on them (None when nothing fits yet)."""
         rows = [measured_part(row) for row in self.rows.values()]
         try:
             choose(rows, self.budget, weights, min_k=min_k, run_samples=self.run_samples)
         except ValueError:
             return None
-        return candidate_of(next(row for row in rows if row.get("chosen")))
+        return rows
+
+    def best(self, *, weights, min_k: int = 1) -> Candidate | None:
+        """The current choice among what is measured so far (None when nothing fits yet)."""
+        rows = self._choice(weights, min_k)
+        return None if rows is None else candidate_of(next(row for row in rows if row.get("chosen")))
+
+    def near_ties(self, *, weights, min_k: int = 1, most: int = NEAR_TIES) -> list[Candidate]:
+        """The current choice and the candidates whose eq. 3 cost interval overlaps its, the lowest
+        cost first, `most` in all; [] when no other is within the timing noise of the choice."""
+        rows = self._choice(weights, min_k) or []
+        tied = sorted((row for row in rows if "within the timing noise" in (row["rejected_because"] or "")),
+                      key=lambda row: row["cost"])
+        chosen = [row for row in rows if row.get("chosen")]
+        return [candidate_of(row) for row in chosen + tied[:most - 1]] if tied else []
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
