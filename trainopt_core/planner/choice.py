@@ -63,7 +63,7 @@ def _cost_interval(row: dict) -> str:
     return f"{row['cost_ci_low']:.3f}-{row['cost_ci_high']:.3f}"
 
 
-def _cost_intervals_overlap(row: dict, best: dict) -> bool:
+def cost_intervals_overlap(row: dict, best: dict) -> bool:
     """Whether two rows' eq. 3 cost intervals (from their speedups' 95 % intervals) overlap."""
     if any(r.get(end) is None for r in (row, best) for end in ("cost_ci_low", "cost_ci_high")):
         return False
@@ -147,7 +147,7 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     for row in feasible:
         if row is not best:
             row["rejected_because"] = f"higher eq. 3 cost ({row['cost']:.3f} vs {best['cost']:.3f})"
-            if _cost_intervals_overlap(row, best):
+            if cost_intervals_overlap(row, best):
                 row["rejected_because"] += (f"; within the timing noise: 95 % intervals {_cost_interval(row)} vs "
                                             f"{_cost_interval(best)} overlap")
                 within_noise.append(row["candidate"])

@@ -31,7 +31,7 @@ from ..measure.energy import EnergyMeter
 from ..measure.memory import MemoryTracker, resident_bytes, state_bytes
 from ..measure.stats import paired_ratio, summarize
 from ..measure.timing import Timer, interleaved_windows
-from .choice import choose, measured_part
+from .choice import choose, cost_intervals_overlap, measured_part
 from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes, predict
 from .space import Candidate, candidate_of
 
@@ -366,11 +366,13 @@ class Search:
     def near_ties(self, *, weights, min_k: int = 1, most: int = NEAR_TIES) -> list[Candidate]:
         """The current choice and the candidates whose eq. 3 cost interval overlaps its, the lowest
         cost first, `most` in all; [] when no other is within the timing noise of the choice."""
-        rows = self._choice(weights, min_k) or []
-        tied = sorted((row for row in rows if "within the timing noise" in (row["rejected_because"] or "")),
-                      key=lambda row: row["cost"])
-        chosen = [row for row in rows if row.get("chosen")]
-        return [candidate_of(row) for row in chosen + tied[:most - 1]] if tied else []
+        rows = self._choice(weights, min_k)
+        if rows is None:
+            return []
+        chosen = next(row for row in rows if row.get("chosen"))
+        tied = sorted((row for row in rows if row["feasible"] and row is not chosen
+                       and cost_intervals_overlap(row, chosen)), key=lambda row: row["cost"])
+        return [candidate_of(row) for row in [chosen] + tied[:most - 1]] if tied else []
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
