@@ -41,7 +41,8 @@ def _optimizer(prof):
 
 
 def bench_task(task: str, profile: str, device: torch.device, windows: int, steps: int, progress: bool,
-               planning_memory_bytes: float | None = None) -> dict:
+               planning_memory_bytes: float | None = None, record=None) -> dict:
+    """`record` (bench_plan.BenchRecord) keeps finished tasks only: one plan per task, nothing to keep within one."""
     prof = get_profile(task, profile)
     torch.manual_seed(0)
     bundle = build_task(prof, data_policy="auto", data_dir=None, device=device, seed=0)

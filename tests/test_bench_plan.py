@@ -1,10 +1,15 @@
 """benchmarks/bench_plan.py: a plan that fails (a budget nothing fits, a GPU out of memory while
-the candidates are timed together) is reported and the others go on."""
+the candidates are timed together) is reported and the others go on; a run stopped part-way
+keeps what it finished, and --resume continues it."""
 import importlib.util
+import json
 from pathlib import Path
-from types import SimpleNamespace
 
+import pytest
 import torch
+
+from trainopt_core.config import OptimizationConfig
+from trainopt_core.planner.result import Plan
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_plan.py"
 
@@ -16,8 +21,11 @@ def _bench_plan():
     return module
 
 
-def _result(rows=()):
-    return SimpleNamespace(baseline={"peak_memory_bytes": 1000}, rows=list(rows))
+def _result(rows=(), budget=None):
+    baseline = {"candidate": "fp32, k=1", "peak_memory_bytes": 1000, "checkpointing": None}
+    return Plan(config=OptimizationConfig.baseline(), chosen=baseline, baseline=baseline,
+                rows=[baseline, *[{"candidate": f"c{i}", **row} for i, row in enumerate(rows)]],
+                memory_budget_bytes=budget, weights=(1.0, 0.0, 0.0), planning_s=1.0)
 
 
 def test_a_failing_plan_is_reported_and_the_other_plans_go_on(monkeypatch, capsys):
@@ -43,3 +51,80 @@ def test_a_failing_plan_is_reported_and_the_other_plans_go_on(monkeypatch, capsy
     assert failed["auto, 50 % budget"].startswith("OutOfMemoryError: CUDA out of memory")
     assert failed["auto, checkpoint-only budget"].startswith("ValueError: memory_budget_bytes=600")
     assert "plan auto, 50 % budget: FAILED OutOfMemoryError" in capsys.readouterr().out
+
+
+def _plan_task_stopped_at(stop_label_budget, calls):
+    """A plan_task that records what it planned and is killed (KeyboardInterrupt stands for a
+    time limit) when asked for `stop_label_budget`."""
+    weighted_rows = [{"peak_memory_bytes": 800, "checkpointing": None},
+                     {"peak_memory_bytes": 400, "checkpointing": 4}]
+
+    def plan_task(bundle, prof, device, progress=False, memory_budget_bytes=None, weights=None,
+                  planning_memory_bytes=None):
+        calls.append((memory_budget_bytes, weights))
+        if (memory_budget_bytes, weights) == stop_label_budget:
+            raise KeyboardInterrupt
+        return _result(weighted_rows if weights else (), memory_budget_bytes)
+    return plan_task
+
+
+SETTINGS = {"profile": "paper", "device": "cuda", "hardware": {"gpus": ["H100"]}, "torch": "2.11",
+            "planning_memory_bytes": None, "windows": 6, "steps_per_window": 3, "git_commit": "abc"}
+
+
+def test_a_run_stopped_in_a_plan_keeps_the_finished_plans_and_resume_plans_only_the_rest(monkeypatch, tmp_path):
+    bench = _bench_plan()
+    path = str(tmp_path / "bench.json")
+    calls = []
+    monkeypatch.setattr(bench, "plan_task", _plan_task_stopped_at((None, (1.0, 1.0, 0.0)), calls))
+    record = bench.BenchRecord(path, SETTINGS, {}, resume=False)
+    with pytest.raises(KeyboardInterrupt):  # killed in the third plan, the weighted one
+        bench._plans(None, None, torch.device("cpu"), False, kept=record.unfinished("wikitext2"), save=record.save)
+    on_disk = json.loads(Path(path).read_text())
+    assert sorted(on_disk["unfinished"]["wikitext2"]["plans"]) == ["auto", "auto, 50 % budget"]
+    assert not Path(path + ".writing").exists()
+
+    calls.clear()
+    monkeypatch.setattr(bench, "plan_task", _plan_task_stopped_at(None, calls))
+    resumed = bench.BenchRecord(path, SETTINGS, {}, resume=True)
+    plans, failed = bench._plans(None, None, torch.device("cpu"), False, kept=resumed.unfinished("wikitext2"),
+                                 save=resumed.save)
+    assert calls == [(None, (1.0, 1.0, 0.0)), (600.0, None)]  # the weighted plan, then the checkpoint-only one
+    assert list(plans) == ["auto", "auto, 50 % budget", "(time, memory) weighted", "auto, checkpoint-only budget"]
+    assert plans["auto, 50 % budget"].memory_budget_bytes == 500  # the earlier process's plan, read back
+    assert resumed.data["processes"] == 2 and not failed
+
+    resumed.finish("wikitext2", {"task": "wikitext2"})
+    again = bench.BenchRecord(path, SETTINGS, {}, resume=True)
+    assert again.finished("wikitext2") == {"task": "wikitext2"} and again.data["unfinished"] == {}
+
+
+def test_resume_refuses_a_file_made_on_other_code(tmp_path):
+    bench = _bench_plan()
+    path = str(tmp_path / "bench.json")
+    bench.BenchRecord(path, SETTINGS, {}).save()
+    with pytest.raises(SystemExit, match="git_commit was 'abc' there and is 'def' now"):
+        bench.BenchRecord(path, {**SETTINGS, "git_commit": "def"}, {}, resume=True)
+    assert bench.BenchRecord(path, {**SETTINGS, "git_commit": "def"}, {}).data["tasks"] == []  # without --resume: anew
+
+
+def test_main_resumes_after_the_finished_tasks(monkeypatch, tmp_path, capsys):
+    bench = _bench_plan()
+    path = str(tmp_path / "bench.json")
+    benched = []
+
+    def bench_task(task, *args, record=None):
+        benched.append(task)
+        if task == "wikitext2" and len(benched) == 2:
+            raise KeyboardInterrupt  # the time limit, in the second task
+        return {"task": task}
+
+    argv = ["--profile", "smoke", "--device", "cpu", "--json", path]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(argv, bench=bench_task)
+    assert [t["task"] for t in json.loads(Path(path).read_text())["tasks"]] == ["cifar10"]
+    assert bench.main(argv + ["--resume"], bench=bench_task) == 0
+    assert benched == ["cifar10", "wikitext2", "wikitext2"]
+    on_disk = json.loads(Path(path).read_text())
+    assert [t["task"] for t in on_disk["tasks"]] == ["cifar10", "wikitext2"] and on_disk["processes"] == 2
+    assert "cifar10: finished by the earlier process" in capsys.readouterr().out
