@@ -11,6 +11,10 @@ measured in the same windows):
    CUDA; × splits of the effective batch into k micro-batches. Where other candidates are within
    the timing noise of the best (their eq. 3 cost intervals overlap), the best and the closest
    two are timed once more together before stage 3 builds on the best.
+   On more than one process (a torch.distributed group; each process plans on its share of
+   the batch and every candidate trains data parallel) the ZeRO stages come next: ZeRO-1 and
+   ZeRO-2 (DeepSpeed) on the best so far and on the candidates over the budget (with w2 > 0
+   also on the time-memory Pareto front), against DDP's stage 0.
 2. Memory (only when it counts: a budget, or w2 > 0): activation checkpointing -- ⌈√L⌉ segments,
    every block its own segment, and every block with the selective policy (matmul outputs kept,
    cheap ops recomputed) -- on the stage-1 candidates it could help: those over the budget, or
@@ -42,6 +46,7 @@ The stages are `plan()` below; the parts, one per module:
     search.py     measuring them: a copy per candidate (released and built again where the
                   device's memory is short), memory, probe-batch loss, interleaved timing
                   windows paired with the baseline's, in groups that fit
+    ranks.py      on more than one process: every measurement agreed before it decides
     memory_model.py  eqs. 8/19 calibrated on the baseline's step, which prune before building
     choice.py     eq. 3 under the budget, and why each other candidate lost
     adaptive.py   k by goodput for adaptive accumulation
@@ -60,9 +65,11 @@ from .choice import check_weights, choose, helps, pareto_front
 from .result import Plan
 from .search import Search
 from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
-                    native_reduced_precisions, precision_splits, speed_option_changes)
+                    native_reduced_precisions, precision_splits, speed_option_changes, zero_twins)
+from ..compose import deepspeed_available
 
 MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
+MAX_ZERO = 4              # ZeRO candidates measured at most (the best's twins first)
 
 
 def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[torch.Tensor],
@@ -105,6 +112,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     state; copies are released least recently used first to make room, and candidates are timed
     in groups that fit, each group with the baseline (a note says so); a group that runs out of
     memory all the same is timed again in halves. `progress` prints each stage.
+
+    In a torch.distributed group of W > 1 processes, call it on every process, each with its
+    share of the effective batch (`batch` is this process's): candidates train data parallel
+    (DDP; ZeRO-1/2 through DeepSpeed where it is installed), the processes agree on every
+    measurement (memory: the largest process's; speed: the slowest's), and every process
+    returns the same plan. A chosen ZeRO stage runs with `prepare(..., backend="deepspeed")`
+    (or "auto"); stage 0 on the DDP-wrapped model. Not with `adaptive_accumulation`.
     """
     started = time.perf_counter()
     if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
@@ -131,6 +145,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         fail("planning_memory_bytes", planning_memory_bytes,
              "None (on CUDA 90 % of the free memory, elsewhere no limit) or a number of bytes > 0")
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        fail("model", "a DistributedDataParallel", "the plain module (on more than one process every candidate is "
+             "wrapped as it needs: DDP, or DeepSpeed at its ZeRO stage)")
+    dist = torch.distributed
+    if adaptive_accumulation and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        fail("adaptive_accumulation", True, "False on more than one process (k by goodput is planned on one "
+             "process)")
     if try_compile is None:
         try_compile = device.type == "cuda"
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
@@ -156,27 +177,46 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         search.time(tied)
     best = search.best(weights=weights, min_k=min_k)
     lap("precision x split")
+    rows = search.rows  # by candidate; the list of them is returned
+
+    def over_budget(c: Candidate) -> bool:  # measured over it, or pruned / out of memory
+        row = search.rows[c]
+        if memory_budget_bytes is None:
+            return False
+        if row["peak_memory_bytes"] is None:
+            return (row["rejected_because"] or "").startswith(("pruned", "out of memory"))
+        return row["peak_memory_bytes"] > memory_budget_bytes and not row["rejected_because"]
+
+    # 1b. the ZeRO stage, on more than one process: partitioned optimizer state (and gradients)
+    # against DDP, on the best and on what is over the budget (the cheapest to fit first)
+    zero_ran = []
+    if search.ranks.world_size > 1 and not deepspeed_available():
+        notes.append("ZeRO stages not tried: DeepSpeed is not installed (pip install 'trainopt[deepspeed]').")
+    elif search.ranks.world_size > 1:
+        over = sorted((c for c in stage1 if over_budget(c)),
+                      key=lambda c: (-(rows[c]["speedup"] or 0), c.precision == "fp32", c.k))
+        twins = ([best] if best else []) + over
+        if weights[1] > 0:
+            twins += [candidate_of(r) for r in pareto_front([rows[c] for c in first if rows[c]["speedup"]
+                                                             and not rows[c]["rejected_because"]])]
+        zero_ran = search.measure_memory([z for twin in dict.fromkeys(twins) for z in zero_twins(twin)],
+                                         limit=MAX_ZERO)
+        if zero_ran:
+            search.time([best] + zero_ran if best else zero_ran)
+            best = search.best(weights=weights, min_k=min_k)
+        lap("ZeRO stage")
 
     # 2. checkpointing, where memory counts
     if search.num_blocks and (memory_budget_bytes is not None or weights[1] > 0):
-        rows = search.rows
-
-        def over_budget(c: Candidate) -> bool:  # measured over it, or pruned / out of memory
-            row = rows[c]
-            if memory_budget_bytes is None:
-                return False
-            if row["peak_memory_bytes"] is None:
-                return (row["rejected_because"] or "").startswith(("pruned", "out of memory"))
-            return row["peak_memory_bytes"] > memory_budget_bytes and not row["rejected_because"]
-
-        twins = [c for c in stage1 if over_budget(c)]
+        twins = [c for c in stage1 + zero_ran if over_budget(c)]
         if best is not None and weights[1] == 0:
             # something fits already, and checkpointing only adds recompute: only a twin faster
             # than the best fitting candidate can give a faster one
             bar = rows[best]["speedup"]
             twins = [c for c in twins if rows[c]["speedup"] is not None and rows[c]["speedup"] > bar]
         if weights[1] > 0:
-            twins += [candidate_of(r) for r in pareto_front([rows[c] for c in first if rows[c]["speedup"] and not rows[c]["rejected_because"]])]
+            twins += [candidate_of(r) for r in pareto_front([rows[c] for c in first + zero_ran if rows[c]["speedup"]
+                                                             and not rows[c]["rejected_because"]])]
         # measured twins first: under a budget the fastest (the cheapest way to fit), weighing
         # memory without one the smallest (checkpointing extends the low-memory end); then the
         # unmeasured ones, reduced precision and fewer splits first
@@ -226,6 +266,9 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     notes += choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=run_samples)
     chosen = next(row for row in rows if row.get("chosen"))
     config, good = candidate_of(chosen).config(), None
+    if config.zero_stage:
+        notes.append(f"The chosen configuration runs ZeRO-{config.zero_stage}: build it with prepare(..., "
+                     "backend='deepspeed') on the plain module.")
     if adaptive_accumulation:
         good = measure_goodput(search, candidate_of(chosen), k_max=k_max)
         config = adaptive_config(config, good)

@@ -58,19 +58,25 @@ def calibrate(tracker: MemoryTracker, peak_bytes: int, batch_size: int, num_bloc
         boundary_fraction = min(1.0, block_input_bytes / (parts["activations"] / num_blocks))
     return {"fixed_bytes": fixed, "activation_bytes_per_sample": scaling["activations"],
             "temporary_bytes_per_sample": scaling["temporaries"], "num_blocks": num_blocks,
-            "boundary_fraction": boundary_fraction}
+            "boundary_fraction": boundary_fraction, "gradient_bytes": parts.get("gradients", 0),
+            "optimizer_state_bytes": parts.get("optimizer_state", 0)}
 
 
-def predict(calibration: dict, candidate: Candidate, batch_size: int) -> float:
+def predict(calibration: dict, candidate: Candidate, batch_size: int, world_size: int = 1) -> float:
     """Eq. 8 (activations of one micro-batch of B/k samples) and eq. 19 (checkpointing keeps a
     fraction of them, with the measured β). Reduced precision is taken to halve what scales with
     the batch (autocast keeps FP32 weights, so eq. 17's halving of weights and gradients is not
     assumed). Meant to prune, so it leans low: temporaries are scaled like activations, and the
-    selective policy is taken to keep what full checkpointing keeps."""
+    selective policy is taken to keep what full checkpointing keeps. ZeRO-1 keeps 1/W of the
+    optimizer state on each of `world_size` processes, ZeRO-2 also 1/W of the gradients
+    (DeepSpeed's own buffers not counted: it leans low)."""
     activations = calibration["activation_bytes_per_sample"] * batch_size / candidate.k
     if candidate.checkpointing is not None and calibration["num_blocks"]:
         activations *= min(1.0, expected_saved_fraction(calibration["num_blocks"], candidate.checkpointing,
                                                         calibration.get("boundary_fraction", 1.0)))
     temporaries = calibration["temporary_bytes_per_sample"] * batch_size / candidate.k
     factor = 1.0 if candidate.precision == "fp32" else 0.5
-    return calibration["fixed_bytes"] + factor * (activations + temporaries)
+    partitioned = (1 - 1 / world_size) * (
+        calibration.get("optimizer_state_bytes", 0) * (candidate.zero_stage >= 1)
+        + calibration.get("gradient_bytes", 0) * (candidate.zero_stage >= 2))
+    return calibration["fixed_bytes"] - partitioned + factor * (activations + temporaries)

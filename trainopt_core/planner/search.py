@@ -13,7 +13,11 @@ that fit together, each group with the baseline (every speedup is paired with th
 windows of the same rounds), the group whose copies are still built first; a released copy is
 built again when a later group needs it. A group that runs out of memory all the same (the steps'
 peaks together, the allocator's fragmentation) is timed again in halves from new copies, down
-to a candidate beside the baseline alone, which is then rejected as out of memory."""
+to a candidate beside the baseline alone, which is then rejected as out of memory.
+
+On more than one process (a torch.distributed group) every candidate trains data parallel --
+DDP, or DeepSpeed at its ZeRO stage -- and the processes agree on each measurement before it
+decides anything (`ranks.py`), so that they build and time the same candidates."""
 from __future__ import annotations
 
 import contextlib
@@ -33,6 +37,7 @@ from ..measure.stats import paired_ratio, summarize
 from ..measure.timing import Timer, interleaved_windows
 from .choice import choose, cost_intervals_overlap, measured_part
 from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes, predict
+from .ranks import Ranks
 from .space import Candidate, candidate_of
 
 PRUNE_MARGIN = 1.25       # a prediction this far over the budget is not worth measuring
@@ -45,27 +50,38 @@ def _micro_batches(batch: Sequence[torch.Tensor], k: int) -> list[tuple[torch.Te
 
 
 class Trial:
-    """One candidate on its own copy of the model and optimizer, stepping the probe batch."""
+    """One candidate on its own copy of the model and optimizer, stepping the probe batch. On
+    `world_size` > 1 processes the copy trains data parallel: DDP at ZeRO stage 0, else a
+    DeepSpeed engine at the candidate's stage. `model` is the copy's module (what memory is
+    tracked on), `forward` what the forward runs through (the module, DDP or DeepSpeed)."""
 
-    def __init__(self, candidate: Candidate, model, optimizer_factory, batch, loss_fn, device, loss_takes_model=False):
+    def __init__(self, candidate: Candidate, model, optimizer_factory, batch, loss_fn, device, loss_takes_model=False,
+                 world_size: int = 1):
         self.candidate = candidate
         self.loss_takes_model = loss_takes_model
         self.model = copy.deepcopy(model)
+        wrapped, backend = self.model, "torch"
+        if candidate.zero_stage:
+            backend = "deepspeed"
+        elif world_size > 1:
+            wrapped = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[device.index] if device.type == "cuda" else None)
         self.optimizer = optimizer_factory(self.model.parameters())
         self.size = len(batch[0])
         self.micro = _micro_batches(batch, candidate.k)
         self.loss_fn = loss_fn
-        self.engine = prepare(self.model, self.optimizer, candidate.config(), micro_batch_size=self.size // candidate.k,
-                              device=device)
+        self.engine = prepare(wrapped, self.optimizer, candidate.config(), micro_batch_size=self.size // candidate.k,
+                              device=device, world_size=world_size, backend=backend)
+        self.forward = self.engine.model
         self.first_loss = self._probe_loss()
 
     def _loss(self, micro) -> tuple[torch.Tensor, float]:
         with self.engine.autocast():
             if self.loss_takes_model:
-                out = self.loss_fn(self.model, *micro)
+                out = self.loss_fn(self.forward, *micro)
             else:
                 *inputs, target = micro
-                out = self.loss_fn(self.model(*inputs), target)
+                out = self.loss_fn(self.forward(*inputs), target)
         return out if isinstance(out, tuple) else (out, len(micro[-1]))
 
     def _probe_loss(self) -> float:
@@ -73,13 +89,13 @@ class Trial:
         this candidate's precision and micro-batches, micro-batches weighted by their items. In
         eval mode: dropout masks and BatchNorm's per-micro-batch statistics would make it differ
         between candidates for reasons that are not numerical."""
-        training = self.model.training
-        self.model.eval()
+        training = self.forward.training
+        self.forward.eval()
         try:
             with torch.no_grad():
                 parts = [self._loss(micro) for micro in self.micro]
         finally:
-            self.model.train(training)
+            self.forward.train(training)
         return sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
 
     def _backward(self, micro) -> None:
@@ -120,7 +136,10 @@ class Search:
         self.num_blocks = len(block_sequence(model)) if has_block_sequence(model) else None
         self.rows: dict[Candidate, dict] = {}
         self.trials: dict[Candidate, Trial] = {}  # the copies built now, least recently used first
+        self.ranks = Ranks(device)
         self.capacity_bytes = capacity_bytes if capacity_bytes is not None else default_capacity_bytes(device)
+        if self.capacity_bytes is not None:  # the device with the least room decides
+            self.capacity_bytes = int(self.ranks.min([self.capacity_bytes])[0])
         self.held_bytes: dict[Candidate, int] = {}  # held between steps by a candidate's copy
         self.step_bytes: dict[Candidate, int] = {}  # a step's peak above that
         self.first_loss: dict[Candidate, float] = {}  # the probe batch's loss at the initial weights
@@ -134,7 +153,8 @@ class Search:
         self.progress = progress
         probe = EnergyMeter(device).start()
         probe.stop()
-        self.energy_source = probe.energy_source if probe.energy_j is not None else None
+        readable = self.ranks.all(probe.energy_j is not None)
+        self.energy_source = probe.energy_source if readable else None
         self.energy_unavailable = None if self.energy_source else probe.energy_source
 
     def _say(self, message: str) -> None:
@@ -159,7 +179,8 @@ class Search:
                 "compile_s": None, "speedup_over_run": None, "feasible": False, "cost": None, "cost_ci_low": None,
                 "cost_ci_high": None, "rejected_because": None}
             if self.calibration is not None:
-                row["predicted_memory_bytes"] = predicted = predict(self.calibration, candidate, self.size)
+                row["predicted_memory_bytes"] = predicted = predict(self.calibration, candidate, self.size,
+                                                                    self.ranks.world_size)
                 if self.budget is not None and predicted > PRUNE_MARGIN * self.budget:
                     row["rejected_because"] = (f"pruned: eqs. 8/19 predict {predicted / 2**20:.1f} MiB, over "
                                                f"{PRUNE_MARGIN}x the budget")
@@ -174,15 +195,19 @@ class Search:
                 continue
             trial, tracker, others_bytes, inputs_bytes = measured
             row["rejected_because"] = None
-            row["peak_memory_bytes"] = tracker.peak_bytes - others_bytes
-            self.held_bytes[candidate] = state_bytes(trial.model, trial.optimizer)
+            # the largest process's memory, the mean of the processes' probe losses
+            peak, held, inputs_bytes = self.ranks.max([tracker.peak_bytes - others_bytes,
+                                                       state_bytes(trial.model, trial.optimizer), inputs_bytes or 0])
+            row["peak_memory_bytes"], self.held_bytes[candidate] = int(peak), int(held)
             self.step_bytes[candidate] = max(row["peak_memory_bytes"] - self.held_bytes[candidate], 0)
             if candidate == Candidate():
                 self.calibration = calibrate(tracker, row["peak_memory_bytes"], self.size, self.num_blocks,
-                                              inputs_bytes)
-                row["predicted_memory_bytes"] = predict(self.calibration, candidate, self.size)
+                                              inputs_bytes or None)
+                measured = [key for key in self.calibration if key.endswith(("_bytes", "_per_sample", "_fraction"))]
+                self.calibration.update(zip(measured, self.ranks.max([self.calibration[key] for key in measured])))
+                row["predicted_memory_bytes"] = predict(self.calibration, candidate, self.size, self.ranks.world_size)
             self.trials[candidate] = trial
-            self.first_loss[candidate] = trial.first_loss
+            self.first_loss[candidate] = self.ranks.mean([trial.first_loss])[0]
             ran.append(candidate)
             del measured, trial, tracker  # a released copy must not live on here while the next is built
         base_loss = self.first_loss[Candidate()]
@@ -199,30 +224,33 @@ class Search:
         tracker, bytes resident before it was built, the baseline's block inputs or None), or
         None after an out-of-memory error (recorded in the row)."""
         others_bytes = resident_bytes(self.device)
-        inputs_bytes = None
+        inputs_bytes, error = None, None
         try:
             trial, warmup_s = self._built(candidate)
-            if candidate.compile:  # the compiling step, whole: compilation plus one step
-                row["compile_s"] = warmup_s
-                self.compile_s += warmup_s
             with contextlib.ExitStack() as stack:
                 if candidate == Candidate() and self.num_blocks:
                     inputs_bytes = stack.enter_context(block_inputs_bytes(trial.model))
                 tracker = stack.enter_context(MemoryTracker(trial.model, trial.optimizer, self.device))
                 trial.step()
-        except (torch.OutOfMemoryError, RuntimeError) as error:
-            if not _is_out_of_memory(error):
+        except (torch.OutOfMemoryError, RuntimeError) as caught:
+            if not _is_out_of_memory(caught):
                 raise
-            row["rejected_because"] = f"out of memory: {str(error).splitlines()[0][:120]}"
+            error = f"out of memory: {str(caught).splitlines()[0][:120]}"
+        if not self.ranks.all(error is None):  # on every process, or on none
+            row["rejected_because"] = error or "out of memory: on another process"
+            trial = tracker = None
             _release(self.device)
             return None
+        if candidate.compile:  # the compiling step, whole: compilation plus one step (the slowest process's)
+            row["compile_s"] = self.ranks.max([warmup_s])[0]
+            self.compile_s += row["compile_s"]
         return trial, tracker, others_bytes, (sum(inputs_bytes) / len(inputs_bytes) if inputs_bytes else None)
 
     def _built(self, candidate: Candidate) -> tuple[Trial, float]:
         """A new copy of the candidate after one warm-up step (optimizer state allocated, kernels
         chosen or compiled), and that step's seconds."""
         trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
-                      self.loss_takes_model)
+                      self.loss_takes_model, world_size=self.ranks.world_size)
         started = time.perf_counter()
         trial.step()
         return trial, time.perf_counter() - started
@@ -331,8 +359,19 @@ class Search:
         baseline = names[0]
         self._ensure(names)
         self._say(f"timing {len(names)} candidates in {self.windows} interleaved windows")
-        rates = interleaved_windows({c.name: self.trials[c].step for c in names}, windows=self.windows,
-                                    steps_per_window=self.steps_per_window, warmup_steps=0, device=self.device)
+        try:
+            rates = interleaved_windows({c.name: self.trials[c].step for c in names}, windows=self.windows,
+                                        steps_per_window=self.steps_per_window, warmup_steps=0, device=self.device)
+            error = None
+        except (torch.OutOfMemoryError, RuntimeError) as caught:
+            if not _is_out_of_memory(caught):
+                raise
+            error = caught
+        if not self.ranks.all(error is None):  # on every process, or on none
+            raise error or torch.OutOfMemoryError("out of memory on another process while timing")
+        # each window's rate: the slowest process's (a data-parallel step ends with its last process)
+        flat = self.ranks.min([rate for c in names for rate in rates[c.name]])
+        rates = {c.name: flat[i * self.windows:(i + 1) * self.windows] for i, c in enumerate(names)}
         for candidate in names:
             own, paired_baseline = self.windows_timed.setdefault(candidate, ([], []))
             own += rates[candidate.name]
@@ -347,7 +386,8 @@ class Search:
             if self.energy_source is not None and row["energy_j_per_sample"] is None:
                 with EnergyMeter(self.device) as meter:
                     samples = sum(self.trials[candidate].step() for _ in range(self.steps_per_window))
-                row["energy_j_per_sample"] = None if meter.energy_j is None else meter.energy_j / samples
+                energy_j, samples = self.ranks.mean([meter.energy_j or 0.0, samples])  # every process's device
+                row["energy_j_per_sample"] = None if meter.energy_j is None else energy_j / samples
 
     def _choice(self, weights, min_k: int) -> list[dict] | None:
         """The rows measured so far with eq. 3's choice marked on them (None when nothing fits yet)."""

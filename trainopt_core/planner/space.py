@@ -1,5 +1,5 @@
-"""The search space of `plan()`: candidates (precision, split, checkpointing, speed options)
-and what each one changes in an `OptimizationConfig`."""
+"""The search space of `plan()`: candidates (precision, split, checkpointing, speed options,
+and the ZeRO stage on more than one process) and what each one changes in an `OptimizationConfig`."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +42,7 @@ class Candidate:
     optimizer_impl: str = "default"
     memory_format: str = "contiguous"
     compile: bool = False
+    zero_stage: int = 0  # on more than one process: 0 DDP, 1-2 DeepSpeed ZeRO
 
     @property
     def name(self) -> str:
@@ -55,6 +56,8 @@ class Candidate:
             parts.append(self.memory_format)
         if self.compile:
             parts.append("compiled")
+        if self.zero_stage:
+            parts.append(f"ZeRO-{self.zero_stage}")
         return ", ".join(parts)
 
     def replace(self, **changes) -> "Candidate":
@@ -86,10 +89,17 @@ def checkpointed_twins(twin: Candidate, num_blocks: int) -> list[Candidate]:
     return [twin.replace(checkpointing=segments, checkpoint_policy=policy) for segments, policy in options]
 
 
+def zero_twins(twin: Candidate) -> list[Candidate]:
+    """`twin` with its optimizer state partitioned over the processes (ZeRO-1), and its
+    gradients too (ZeRO-2)."""
+    return [twin.replace(zero_stage=stage) for stage in (1, 2)]
+
+
 def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_factory, device: torch.device,
                          try_compile: bool) -> list[dict]:
     """The speed options to try on `best`: the optimizer's fused kernels (foreach where it has
-    none), channels-last for a model with convolutions, torch.compile where `try_compile`."""
+    none), channels-last for a model with convolutions, torch.compile where `try_compile` (the
+    last two not at a ZeRO stage)."""
     options = []
     probe = optimizer_factory([torch.nn.Parameter(torch.zeros(1, device=device))])
     # the fused kernel where the optimizer has one for this device, else foreach (fused does the
@@ -100,9 +110,11 @@ def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_fact
     impl = "fused" if fused else "foreach" if "foreach" in probe.defaults else None
     if impl and best.optimizer_impl == "default":
         options.append({"optimizer_impl": impl})
-    if best.memory_format == "contiguous" and any(p.dim() == 4 for p in model.parameters()):
+    # not under DeepSpeed (ZeRO): its parameter broadcast views each weight as bytes, which a
+    # channels-last weight refuses, and its engine is not compiled here
+    if best.memory_format == "contiguous" and any(p.dim() == 4 for p in model.parameters()) and not best.zero_stage:
         options.append({"memory_format": "channels_last"})
-    if try_compile and not best.compile:
+    if try_compile and not best.compile and not best.zero_stage:
         options.append({"compile": True})
     return options
 
@@ -112,4 +124,5 @@ def changes_between(base: Candidate, other: Candidate) -> dict:
 
 
 def candidate_of(row: dict) -> Candidate:
-    return Candidate(**{f.name: row[f.name] for f in dataclasses.fields(Candidate)})
+    """The candidate of a plan's row (a row stored before a field existed has its default)."""
+    return Candidate(**{f.name: row.get(f.name, f.default) for f in dataclasses.fields(Candidate)})

@@ -1,0 +1,128 @@
+"""Benchmark: trainopt_core.plan() on more than one process, where the ZeRO stage is a candidate.
+
+For each task of the profile, `--processes` processes (gloo on a CPU, one thread each) plan the
+task's model on their shares of one training batch of the baseline's size (the effective batch
+of the one-process plans, split over the processes), twice:
+
+1. no budget, time only;
+2. a budget of 50 % of the data-parallel fp32 baseline's measured peak (per process).
+
+Every candidate trains data parallel -- DDP at ZeRO stage 0, DeepSpeed at ZeRO-1/2 -- and each
+speedup is paired, window by window, with the DDP fp32 baseline's windows of the same rounds
+(each window's rate the slowest process's). The processes must return the same plan; the
+benchmark checks that they did, then prints rank 0's table: every candidate's speed against
+the baseline (median, 95 % interval), peak memory, and why it lost.
+
+    python benchmarks/bench_plan_processes.py [--profile quick] [--tasks cifar10,wikitext2]
+                                              [--processes 2] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from trainopt_core import measure
+from trainopt_core.distributed import run_processes
+from trainopt_core.distributed.process_group import available_cpu_cores
+
+print = functools.partial(print, flush=True)  # noqa: A001
+
+
+def plan_on_this_process(task: str, profile: str, progress: bool) -> dict:
+    """Both plans of `task` on this process's share of the batch (run by every process)."""
+    from trainopt_core.reproduction.autoplan import plan_task
+    from trainopt_core.reproduction.profiles import get_profile
+    from trainopt_core.reproduction.tasks import build_task
+
+    warnings.simplefilter("ignore")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    prof = get_profile(task, profile)
+    torch.manual_seed(0)  # the same model on every process
+    bundle = build_task(prof, data_policy="auto", data_dir=None, device=torch.device("cpu"), seed=0)
+    share = _ShareOfTheBatch(bundle, rank, world)
+    plans = {}
+    plans["no budget"] = plan_task(share, prof, torch.device("cpu"), progress=progress and rank == 0)
+    budget = 0.5 * plans["no budget"].baseline["peak_memory_bytes"]
+    plans["50 % budget"] = plan_task(share, prof, torch.device("cpu"), progress=progress and rank == 0,
+                                     memory_budget_bytes=budget)
+    return {"model": bundle.model_name, "data_source": bundle.data_source, "batch": prof.baseline_batch_size,
+            "share": prof.baseline_batch_size // world, "plans": {label: p.to_dict() for label, p in plans.items()}}
+
+
+class _ShareOfTheBatch:
+    """The task bundle with its training batches cut to this process's share (rank r of W takes
+    the r-th of W equal slices), so that the processes together plan on the baseline's batch."""
+
+    def __init__(self, bundle, rank: int, world: int):
+        self._bundle, self._rank, self._world = bundle, rank, world
+
+    def __getattr__(self, name):
+        return getattr(self._bundle, name)
+
+    def train_batches(self, batch_size: int, seed: int = 0):
+        if batch_size % self._world:
+            raise ValueError(f"batch_size={batch_size}: allowed a multiple of the {self._world} processes")
+        for batch in self._bundle.train_batches(batch_size, seed=seed):
+            yield tuple(None if t is None else t.chunk(self._world)[self._rank] for t in batch)
+
+
+def _print_plan(label: str, planned: dict) -> None:
+    budget = planned["memory_budget_bytes"]
+    stages = ", ".join(f"{stage} {s:.1f} s" for stage, s in planned["stage_s"].items())
+    print(f"  plan {label}: {planned['chosen']} (planning {planned['planning_s']:.1f} s: {stages}"
+          + (f"; budget {budget / 2**20:.1f} MiB" if budget else "") + ")")
+    for row in planned["rows"]:
+        if row["speedup"] is None and row["peak_memory_bytes"] is None:
+            continue
+        speed = ("" if row["speedup"] is None else
+                 f"x{row['speedup']:.2f} [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]")
+        peak = "" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**20:7.1f} MiB"
+        verdict = "CHOSEN" if row.get("chosen") else (row["rejected_because"] or "")[:70]
+        print(f"    {row['candidate']:45s} {speed:20s} {peak:12s} {verdict}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="quick", choices=("smoke", "quick"))
+    parser.add_argument("--tasks", default="cifar10,wikitext2")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.processes < 2:
+        parser.error(f"--processes {args.processes}: allowed an integer >= 2 (one process: bench_plan.py)")
+    hardware = measure.run_manifest()["hardware"]
+    print(f"machine: {hardware}; {args.processes} processes (gloo, CPU); torch {torch.__version__}")
+    results = {"manifest": measure.run_manifest(profile=args.profile, device=torch.device("cpu")),
+               "processes": args.processes, "tasks": []}
+    for task in args.tasks.split(","):
+        started = time.perf_counter()
+        ranks = run_processes(plan_on_this_process, args.processes, args=(task, args.profile, args.progress),
+                              backend="gloo", threads_per_process=max(1, available_cpu_cores() // args.processes),
+                              timeout_s=1800)
+        wall_s = time.perf_counter() - started
+
+        def decided(rank_result):  # what the processes must agree on (their planning clocks differ)
+            return {label: (p["chosen"], p["rows"]) for label, p in rank_result["plans"].items()}
+        same = all(decided(r) == decided(ranks[0]) for r in ranks[1:])
+        first = ranks[0]
+        print(f"\n{task}: {first['model']}; {first['data_source']}; batch {first['batch']} "
+              f"= {args.processes} x {first['share']} (wall {wall_s:.0f} s)")
+        print(f"  every process returned the same plans: {'yes' if same else 'NO'}")
+        for label, planned in first["plans"].items():
+            _print_plan(label, planned)
+        results["tasks"].append({"task": task, **first, "same_plan_on_every_process": same, "wall_s": wall_s})
+        if args.json:  # after every task: a run stopped part-way keeps the tasks it finished
+            Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

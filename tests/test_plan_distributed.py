@@ -1,0 +1,92 @@
+"""`plan()` on two CPU processes (gloo): the ZeRO stage is a candidate, every process measures
+the same candidates and returns the same plan, and a budget that only partitioning meets is met
+with ZeRO. The rank function lives at module level: `run_processes` starts ranks with "spawn"."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainopt_core.planner.memory_model import predict
+from trainopt_core.planner.ranks import Ranks
+from trainopt_core.planner.space import Candidate
+
+WORLD = 2
+
+
+def _model():
+    torch.manual_seed(0)  # the same weights on every process; optimizer state dominates its memory
+    return torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 64))
+
+
+def _rows(result) -> list[tuple]:
+    return [(r["candidate"], r["peak_memory_bytes"], r["speedup"], r["rejected_because"], bool(r.get("chosen")))
+            for r in result.rows]
+
+
+def plan_rank() -> dict:
+    import trainopt_core
+    from trainopt_core.planner import space
+
+    # fp32 only: the candidates then do not depend on whether this CPU computes bf16 natively
+    space.native_reduced_precisions = lambda device: ()
+    rank = torch.distributed.get_rank()
+    generator = torch.Generator().manual_seed(rank)  # each process its own share of the batch
+    batch = (torch.randn(8, 64, generator=generator), torch.randint(0, 64, (8,), generator=generator))
+
+    def optimizer(parameters):
+        return torch.optim.AdamW(parameters, lr=1e-3)
+
+    free = trainopt_core.plan(_model(), optimizer, batch, F.cross_entropy, ks=(1,), speed_options=False)
+    peaks = {r["candidate"]: r["peak_memory_bytes"] for r in free.rows}
+    # between the smaller ZeRO peak and the unpartitioned one: only partitioning fits (no blocks to checkpoint)
+    budget = (min(peaks["fp32, k=1, ZeRO-1"], peaks["fp32, k=1, ZeRO-2"]) + peaks["fp32, k=1"]) / 2
+    fitted = trainopt_core.plan(_model(), optimizer, batch, F.cross_entropy, ks=(1,), memory_budget_bytes=budget)
+    out = {"free": _rows(free), "fitted": _rows(fitted), "budget": budget, "fitted_config": fitted.config.zero_stage,
+           "notes": fitted.notes}
+    try:
+        trainopt_core.plan(torch.nn.parallel.DistributedDataParallel(_model()), optimizer, batch, F.cross_entropy)
+    except ValueError as error:
+        out["ddp_error"] = str(error)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    pytest.importorskip("deepspeed")
+    from trainopt_core.distributed import run_processes
+
+    return run_processes(plan_rank, WORLD, backend="gloo", threads_per_process=1, timeout_s=400)
+
+
+@pytest.mark.distributed
+def test_every_process_measures_the_zero_stages_and_returns_the_same_plan(ranks):
+    rank0, rank1 = ranks
+    assert rank0["free"] == rank1["free"] and rank0["fitted"] == rank1["fitted"]  # agreed, to the last digit
+    free = {name: (peak, speedup, rejected) for name, peak, speedup, rejected, _ in rank0["free"]}
+    assert set(free) == {"fp32, k=1", "fp32, k=1, ZeRO-1", "fp32, k=1, ZeRO-2"}
+    for stage in (1, 2):  # measured, and partitioning the AdamW state over 2 processes holds less
+        peak, speedup, _ = free[f"fp32, k=1, ZeRO-{stage}"]
+        assert speedup is not None and peak < free["fp32, k=1"][0]
+
+
+@pytest.mark.distributed
+def test_a_budget_only_zero_meets_is_met_with_zero(ranks):
+    rank0 = ranks[0]
+    chosen = [(name, peak) for name, peak, _, _, is_chosen in rank0["fitted"] if is_chosen]
+    assert len(chosen) == 1 and "ZeRO-" in chosen[0][0] and chosen[0][1] <= rank0["budget"]
+    assert rank0["fitted_config"] in (1, 2)
+    assert any("prepare(..., backend='deepspeed')" in note for note in rank0["notes"])
+    assert "the plain module" in rank0["ddp_error"]
+
+
+def test_the_memory_model_partitions_state_and_gradients_by_the_zero_stage():
+    calibration = {"fixed_bytes": 1000.0, "activation_bytes_per_sample": 0.0, "temporary_bytes_per_sample": 0.0,
+                   "num_blocks": None, "optimizer_state_bytes": 400, "gradient_bytes": 200}
+    predicted = [predict(calibration, Candidate(zero_stage=stage), 8, world_size=4) for stage in (0, 1, 2)]
+    assert predicted == [1000.0, 1000.0 - 300, 1000.0 - 300 - 150]
+    assert predict(calibration, Candidate(zero_stage=2), 8, world_size=1) == 1000.0  # one process: nothing partitioned
+
+
+def test_one_process_agrees_with_itself():
+    ranks = Ranks(torch.device("cpu"))
+    assert ranks.world_size == 1 and ranks.max([3.0, 1.0]) == [3.0, 1.0] and ranks.mean([2.0]) == [2.0]
+    assert ranks.all(True) and not ranks.all(False)
