@@ -64,8 +64,10 @@ class Trial:
         if candidate.zero_stage:
             backend = "deepspeed"
         elif world_size > 1:
-            wrapped = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+            ids = None  # a CPU module
+            if device.type == "cuda":
+                ids = [device.index if device.index is not None else torch.cuda.current_device()]
+            wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.optimizer = optimizer_factory(self.model.parameters())
         self.size = len(batch[0])
         self.micro = _micro_batches(batch, candidate.k)
