@@ -90,3 +90,22 @@ def test_one_process_agrees_with_itself():
     ranks = Ranks(torch.device("cpu"))
     assert ranks.world_size == 1 and ranks.max([3.0, 1.0]) == [3.0, 1.0] and ranks.mean([2.0]) == [2.0]
     assert ranks.all(True) and not ranks.all(False)
+
+
+@pytest.mark.distributed
+def test_the_two_process_benchmark_runs_and_finds_the_processes_agreed(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("deepspeed")
+    import importlib
+    import json
+    from pathlib import Path
+
+    # importable by name: the spawned processes import the function they run (sys.path travels with them)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench = importlib.import_module("bench_plan_processes")
+    out = tmp_path / "bench.json"
+    assert bench.main(["--profile", "smoke", "--tasks", "wikitext2", "--json", str(out)]) == 0
+    assert "every process returned the same plans: yes" in capsys.readouterr().out
+    task = json.loads(out.read_text())["tasks"][0]
+    assert task["same_plan_on_every_process"] and task["share"] * 2 == task["batch"]
+    assert set(task["plans"]) == {"no budget", "50 % budget"}
+    assert any(row["zero_stage"] for row in task["plans"]["no budget"]["rows"])

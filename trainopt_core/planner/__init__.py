@@ -54,6 +54,7 @@ The stages are `plan()` below; the parts, one per module:
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Sequence
 
@@ -62,6 +63,7 @@ import torch
 from .._errors import fail
 from .adaptive import adaptive_config, measure_goodput
 from .choice import check_weights, choose, helps, pareto_front
+from .memory_model import zero_saving_bytes
 from .result import Plan
 from .search import Search
 from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
@@ -188,13 +190,21 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         return row["peak_memory_bytes"] > memory_budget_bytes and not row["rejected_because"]
 
     # 1b. the ZeRO stage, on more than one process: partitioned optimizer state (and gradients)
-    # against DDP, on the best and on what is over the budget (the cheapest to fit first)
+    # against DDP, on the best and on what is over the budget: first those that ZeRO-2's saving
+    # would bring within it (their measured peak, else the memory model's prediction), the
+    # fastest of them first
     zero_ran = []
     if search.ranks.world_size > 1 and not deepspeed_available():
         notes.append("ZeRO stages not tried: DeepSpeed is not installed (pip install 'trainopt[deepspeed]').")
     elif search.ranks.world_size > 1:
+        saving = zero_saving_bytes(search.calibration, 2, search.ranks.world_size) if search.calibration else 0
+
+        def fits_with_zero(c: Candidate) -> bool:
+            peak = rows[c]["peak_memory_bytes"] or rows[c]["predicted_memory_bytes"] or math.inf
+            return peak - saving <= memory_budget_bytes
+
         over = sorted((c for c in stage1 if over_budget(c)),
-                      key=lambda c: (-(rows[c]["speedup"] or 0), c.precision == "fp32", c.k))
+                      key=lambda c: (not fits_with_zero(c), -(rows[c]["speedup"] or 0), c.precision == "fp32", c.k))
         twins = ([best] if best else []) + over
         if weights[1] > 0:
             twins += [candidate_of(r) for r in pareto_front([rows[c] for c in first if rows[c]["speedup"]

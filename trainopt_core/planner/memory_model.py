@@ -76,7 +76,12 @@ def predict(calibration: dict, candidate: Candidate, batch_size: int, world_size
                                                         calibration.get("boundary_fraction", 1.0)))
     temporaries = calibration["temporary_bytes_per_sample"] * batch_size / candidate.k
     factor = 1.0 if candidate.precision == "fp32" else 0.5
-    partitioned = (1 - 1 / world_size) * (
-        calibration.get("optimizer_state_bytes", 0) * (candidate.zero_stage >= 1)
-        + calibration.get("gradient_bytes", 0) * (candidate.zero_stage >= 2))
-    return calibration["fixed_bytes"] - partitioned + factor * (activations + temporaries)
+    return (calibration["fixed_bytes"] - zero_saving_bytes(calibration, candidate.zero_stage, world_size)
+            + factor * (activations + temporaries))
+
+
+def zero_saving_bytes(calibration: dict, zero_stage: int, world_size: int) -> float:
+    """What ZeRO at `zero_stage` takes off each of `world_size` processes: all but 1/W of the
+    optimizer state (stage >= 1) and of the gradients (stage 2)."""
+    return (1 - 1 / world_size) * (calibration.get("optimizer_state_bytes", 0) * (zero_stage >= 1)
+                                   + calibration.get("gradient_bytes", 0) * (zero_stage >= 2))

@@ -205,8 +205,8 @@ class Search:
             if candidate == Candidate():
                 self.calibration = calibrate(tracker, row["peak_memory_bytes"], self.size, self.num_blocks,
                                               inputs_bytes or None)
-                measured = [key for key in self.calibration if key.endswith(("_bytes", "_per_sample", "_fraction"))]
-                self.calibration.update(zip(measured, self.ranks.max([self.calibration[key] for key in measured])))
+                sizes = [key for key in self.calibration if key.endswith(("_bytes", "_per_sample", "_fraction"))]
+                self.calibration.update(zip(sizes, self.ranks.max([self.calibration[key] for key in sizes])))
                 row["predicted_memory_bytes"] = predict(self.calibration, candidate, self.size, self.ranks.world_size)
             self.trials[candidate] = trial
             self.first_loss[candidate] = self.ranks.mean([trial.first_loss])[0]
