@@ -58,8 +58,15 @@ def calibrate(tracker: MemoryTracker, peak_bytes: int, batch_size: int, num_bloc
         boundary_fraction = min(1.0, block_input_bytes / (parts["activations"] / num_blocks))
     return {"fixed_bytes": fixed, "activation_bytes_per_sample": scaling["activations"],
             "temporary_bytes_per_sample": scaling["temporaries"], "num_blocks": num_blocks,
-            "boundary_fraction": boundary_fraction, "gradient_bytes": parts.get("gradients", 0),
-            "optimizer_state_bytes": parts.get("optimizer_state", 0)}
+            "boundary_fraction": boundary_fraction}
+
+
+def partitionable_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """What ZeRO partitions, whole (a step's peak may come before the gradients exist): the
+    optimizer's state as the step left it, and a gradient the size of each trainable parameter."""
+    state = [v for values in optimizer.state.values() for v in values.values() if isinstance(v, torch.Tensor)]
+    return {"optimizer_state_bytes": storage_bytes(state),
+            "gradient_bytes": storage_bytes(p for p in model.parameters() if p.requires_grad)}
 
 
 def predict(calibration: dict, candidate: Candidate, batch_size: int, world_size: int = 1) -> float:

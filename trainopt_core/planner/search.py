@@ -36,7 +36,7 @@ from ..measure.memory import MemoryTracker, resident_bytes, state_bytes
 from ..measure.stats import paired_ratio, summarize
 from ..measure.timing import Timer, interleaved_windows
 from .choice import choose, cost_intervals_overlap, measured_part
-from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes, predict
+from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes, partitionable_bytes, predict
 from .ranks import Ranks
 from .space import Candidate, candidate_of
 
@@ -205,6 +205,7 @@ class Search:
             if candidate == Candidate():
                 self.calibration = calibrate(tracker, row["peak_memory_bytes"], self.size, self.num_blocks,
                                               inputs_bytes or None)
+                self.calibration.update(partitionable_bytes(trial.model, trial.optimizer))
                 sizes = [key for key in self.calibration if key.endswith(("_bytes", "_per_sample", "_fraction"))]
                 self.calibration.update(zip(sizes, self.ranks.max([self.calibration[key] for key in sizes])))
                 row["predicted_memory_bytes"] = predict(self.calibration, candidate, self.size, self.ranks.world_size)
