@@ -49,6 +49,41 @@ def plan_rank() -> dict:
     return out
 
 
+def zero_best_rank() -> list[str]:
+    """A plan whose best after the ZeRO stage is forced to be the ZeRO-2 twin (timing decides it
+    otherwise): the candidates its speed options measured."""
+    import trainopt_core
+    from trainopt_core.planner import space
+    from trainopt_core.planner.search import Search
+
+    space.native_reduced_precisions = lambda device: ()
+    chosen_best = Search.best
+
+    def best(self, **kwargs):
+        zero2 = [c for c in self.rows if c.zero_stage == 2 and self.rows[c]["speedup"] is not None]
+        return zero2[0] if zero2 else chosen_best(self, **kwargs)
+
+    Search.best = best
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 6 * 6, 10))
+    generator = torch.Generator().manual_seed(torch.distributed.get_rank())
+    batch = (torch.randn(8, 3, 8, 8, generator=generator), torch.randint(0, 10, (8,), generator=generator))
+    result = trainopt_core.plan(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), batch, F.cross_entropy, ks=(1,))
+    return [r["candidate"] for r in result.rows if r["speedup"] is not None]
+
+
+@pytest.mark.distributed
+def test_a_zero_best_still_gets_channels_last_tried_on_its_ddp_twin():
+    pytest.importorskip("deepspeed")
+    from trainopt_core.distributed import run_processes
+
+    measured = run_processes(zero_best_rank, WORLD, backend="gloo", threads_per_process=1, timeout_s=300)[0]
+    assert "fp32, k=1, ZeRO-2" in measured and "fp32, k=1, fused optimizer, ZeRO-2" in measured
+    assert "fp32, k=1, channels_last" in measured  # not under DeepSpeed, so on the DDP twin
+    assert not any("channels_last" in name and "ZeRO" in name for name in measured)
+
+
 @pytest.fixture(scope="module")
 def ranks():
     pytest.importorskip("deepspeed")
