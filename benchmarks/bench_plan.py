@@ -39,6 +39,7 @@ import os
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -51,6 +52,7 @@ from trainopt_core.planner.result import Plan
 from trainopt_core.reproduction import runner
 from trainopt_core.reproduction.autoplan import plan_task
 from trainopt_core.reproduction.profiles import get_profile
+from trainopt_core.reproduction.records import write_record
 from trainopt_core.reproduction.tasks import build_task
 
 print = functools.partial(print, flush=True)  # noqa: A001 -- interleaved with progress on stderr
@@ -58,8 +60,8 @@ BARS = {"auto_speedup": 1.25, "half_budget_speedup": 1.0, "planning_s": 60.0}
 
 
 class BenchRecord:
-    """The --json file, written whole after every plan and every task (to a temporary file, then
-    renamed: a run killed while writing leaves the previous version). With `resume`, an existing
+    """The --json file, written whole after every plan and every task (`records.write_record`: a
+    run killed while writing leaves the previous version). With `resume`, an existing
     file's finished tasks and its unfinished task's finished plans are kept, but only when it was
     made on the same commit, machine and settings (`SAME`): a plan measured elsewhere would be
     timed here as if it had been planned here."""
@@ -96,12 +98,8 @@ class BenchRecord:
         self.save()
 
     def save(self) -> None:
-        if not self.path:
-            return
-        temporary = f"{self.path}.writing"
-        with open(temporary, "w") as handle:
-            json.dump(self.data, handle, indent=1)
-        os.replace(temporary, self.path)
+        if self.path:
+            write_record(Path(self.path), self.data)  # atomic: a temporary file, then renamed
 
 
 def _plans(bundle, prof, device, progress: bool, planning_memory_bytes: float | None = None,

@@ -19,8 +19,8 @@ the baseline (median, 95 % interval), peak memory, and why it lost.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
-import json
 import sys
 import time
 import warnings
@@ -31,6 +31,7 @@ import torch
 from trainopt_core import measure
 from trainopt_core.distributed import run_processes
 from trainopt_core.distributed.process_group import available_cpu_cores
+from trainopt_core.reproduction.records import write_record
 
 print = functools.partial(print, flush=True)  # noqa: A001
 
@@ -46,7 +47,7 @@ def plan_on_this_process(task: str, profile: str, progress: bool) -> dict:
     prof = get_profile(task, profile)
     torch.manual_seed(0)  # the same model on every process
     bundle = build_task(prof, data_policy="auto", data_dir=None, device=torch.device("cpu"), seed=0)
-    share = _ShareOfTheBatch(bundle, rank, world)
+    share = _share_of_the_batch(bundle, rank, world)
     plans, failed = {}, {}
     plans["no budget"] = plan_task(share, prof, torch.device("cpu"), progress=progress and rank == 0)
     budget = 0.5 * plans["no budget"].baseline["peak_memory_bytes"]
@@ -60,21 +61,15 @@ def plan_on_this_process(task: str, profile: str, progress: bool) -> dict:
             "failed_plans": failed}
 
 
-class _ShareOfTheBatch:
+def _share_of_the_batch(bundle, rank: int, world: int):
     """The task bundle with its training batches cut to this process's share (rank r of W takes
     the r-th of W equal slices), so that the processes together plan on the baseline's batch."""
-
-    def __init__(self, bundle, rank: int, world: int):
-        self._bundle, self._rank, self._world = bundle, rank, world
-
-    def __getattr__(self, name):
-        return getattr(self._bundle, name)
-
-    def train_batches(self, batch_size: int, seed: int = 0):
-        if batch_size % self._world:
-            raise ValueError(f"batch_size={batch_size}: allowed a multiple of the {self._world} processes")
-        for batch in self._bundle.train_batches(batch_size, seed=seed):
-            yield tuple(None if t is None else t.chunk(self._world)[self._rank] for t in batch)
+    def train_batches(batch_size: int, seed: int = 0):
+        if batch_size % world:
+            raise ValueError(f"batch_size={batch_size}: allowed a multiple of the {world} processes")
+        for batch in bundle.train_batches(batch_size, seed=seed):
+            yield tuple(None if t is None else t.chunk(world)[rank] for t in batch)
+    return dataclasses.replace(bundle, train_batches=train_batches)
 
 
 def _print_plan(label: str, planned: dict) -> None:
@@ -126,7 +121,7 @@ def main(argv=None) -> int:
             print(f"  plan {label}: FAILED {error}")
         results["tasks"].append({"task": task, **first, "same_plan_on_every_process": same, "wall_s": wall_s})
         if args.json:  # after every task: a run stopped part-way keeps the tasks it finished
-            Path(args.json).write_text(json.dumps(results, indent=1))
+            write_record(Path(args.json), results)
     return 0
 
 

@@ -82,7 +82,7 @@ def test_a_run_stopped_in_a_plan_keeps_the_finished_plans_and_resume_plans_only_
         bench._plans(None, None, torch.device("cpu"), False, kept=record.unfinished("wikitext2"), save=record.save)
     on_disk = json.loads(Path(path).read_text())
     assert sorted(on_disk["unfinished"]["wikitext2"]["plans"]) == ["auto", "auto, 50 % budget"]
-    assert not Path(path + ".writing").exists()
+    assert not (tmp_path / "bench.partial.json").exists()  # written whole, then renamed
 
     calls.clear()
     monkeypatch.setattr(bench, "plan_task", _plan_task_stopped_at(None, calls))

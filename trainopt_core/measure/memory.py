@@ -83,8 +83,12 @@ def _state_tensors(model, optimizer):
         if parameter.grad is not None:
             yield "gradients", parameter.grad
     if optimizer is not None:
-        for state in optimizer.state.values():
-            yield from (("optimizer_state", v) for v in state.values() if isinstance(v, torch.Tensor))
+        yield from (("optimizer_state", v) for v in optimizer_state_tensors(optimizer))
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors in `optimizer.state` (Adam's moments, step counters)."""
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
 class _Storage:

@@ -249,13 +249,14 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         def options_of(c: Candidate) -> list[dict]:
             return speed_option_changes(c, search.model, search.optimizer_factory, search.device, try_compile)
 
-        tried = [best.replace(**option) for option in options_of(best)]
+        options = options_of(best)
+        tried = [best.replace(**option) for option in options]
         unzeroed = best.replace(zero_stage=0)
         unzeroed_row = search.rows.get(unzeroed)
         if best.zero_stage and unzeroed_row and unzeroed_row["speedup"] is not None and not over_budget(unzeroed):
             # channels-last and compile do not run under DeepSpeed: tried on the best's DDP twin,
             # which fits too, lest a ZeRO stage chosen inside the noise shut them out
-            tried += [unzeroed.replace(**option) for option in options_of(unzeroed) if option not in options_of(best)]
+            tried += [unzeroed.replace(**option) for option in options_of(unzeroed) if option not in options]
         ran = search.measure_memory(tried)
         if ran:
             search.time([best] + ran)

@@ -10,7 +10,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..checkpointing import block_sequence, expected_saved_fraction
-from ..measure.memory import MemoryTracker, storage_bytes
+from ..measure.memory import MemoryTracker, optimizer_state_tensors, storage_bytes
 from .space import Candidate
 
 CAPACITY_FRACTION = 0.9   # of a CUDA device's free memory, what the candidates' copies may use (fragmentation)
@@ -64,8 +64,7 @@ def calibrate(tracker: MemoryTracker, peak_bytes: int, batch_size: int, num_bloc
 def partitionable_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """What ZeRO partitions, whole (a step's peak may come before the gradients exist): the
     optimizer's state as the step left it, and a gradient the size of each trainable parameter."""
-    state = [v for values in optimizer.state.values() for v in values.values() if isinstance(v, torch.Tensor)]
-    return {"optimizer_state_bytes": storage_bytes(state),
+    return {"optimizer_state_bytes": storage_bytes(optimizer_state_tensors(optimizer)),
             "gradient_bytes": storage_bytes(p for p in model.parameters() if p.requires_grad)}
 
 

@@ -30,22 +30,21 @@ class Ranks:
         # NCCL reduces CUDA tensors only; gloo CPU tensors
         self._device = device if self.distributed and dist.get_backend() == "nccl" else torch.device("cpu")
 
-    def _reduce(self, values: Sequence[float], op) -> list[float]:
+    def _reduce(self, values: Sequence[float], op: str) -> list[float]:
         if not self.distributed or not values:
             return list(values)
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device)
-        torch.distributed.all_reduce(tensor, op=op)
+        torch.distributed.all_reduce(tensor, op=getattr(torch.distributed.ReduceOp, op))
         return tensor.tolist()
 
     def max(self, values: Sequence[float]) -> list[float]:
-        return self._reduce(values, torch.distributed.ReduceOp.MAX if self.distributed else None)
+        return self._reduce(values, "MAX")
 
     def min(self, values: Sequence[float]) -> list[float]:
-        return self._reduce(values, torch.distributed.ReduceOp.MIN if self.distributed else None)
+        return self._reduce(values, "MIN")
 
     def mean(self, values: Sequence[float]) -> list[float]:
-        summed = self._reduce(values, torch.distributed.ReduceOp.SUM if self.distributed else None)
-        return [v / self.world_size for v in summed]
+        return [v / self.world_size for v in self._reduce(values, "SUM")]
 
     def all(self, flag: bool) -> bool:
         """True where every process's `flag` is."""
