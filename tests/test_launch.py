@@ -142,6 +142,27 @@ def test_init_distributed_names_bad_environment(monkeypatch):
         distributed.init_distributed(backend="tcp")
 
 
+def test_the_group_init_distributed_created_is_destroyed_before_the_interpreter_exits():
+    # a gloo group left to the interpreter's teardown can abort the process after its work is
+    # done (SIGABRT, "terminate called without an active exception"); a handler registered
+    # before init_distributed runs after init_distributed's own (atexit is last-in, first-out)
+    script = (
+        "import atexit, torch, torch.distributed as dist\n"
+        "from trainopt_core import distributed\n"
+        "atexit.register(lambda: print('group at exit:', dist.is_initialized()))\n"
+        "info = distributed.init_distributed(backend='gloo')\n"
+        "total = torch.ones(1)\n"
+        "dist.all_reduce(total)\n"
+        "print('world', info.world_size, 'sum', float(total))\n"
+    )
+    env = {**_cli_env(), "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(distributed.find_free_port())}
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["world 1 sum 1.0", "group at exit: False"]
+
+
 def test_default_threads_split_cores_between_processes():
     cores = distributed.available_cpu_cores()
     assert distributed.default_threads_per_process(1) == cores

@@ -5,11 +5,13 @@ that torchrun, the DeepSpeed launcher and `trainopt_core.distributed.run_process
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), joins the process group with a
 bounded collective timeout, pins the process to its GPU, and on CPU fixes the number of torch
 threads per process. Without WORLD_SIZE it returns a single-process `DistInfo` and changes
-nothing, so the same training script runs with and without a launcher.
+nothing, so the same training script runs with and without a launcher. A group it created is
+destroyed when the interpreter exits, if the script has not done so itself.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from dataclasses import dataclass
@@ -142,6 +144,11 @@ def init_distributed(backend: str | None = None, *, threads_per_process: int | N
     Without WORLD_SIZE in the environment this is a no-op returning rank 0 of 1 (it sets the
     thread count only when `threads_per_process` is passed). Calling it again once the group
     exists returns the same description without re-initializing.
+
+    The group it creates is destroyed at interpreter exit (`cleanup`, registered with atexit),
+    while Python is still whole: a gloo group left to the interpreter's teardown can abort the
+    process (SIGABRT, "terminate called without an active exception") after the script's
+    work is done. Calling `cleanup()` earlier is fine; the exit handler then does nothing.
     """
     if backend is not None and backend not in ALLOWED_BACKENDS:
         raise ValueError(f"backend must be one of {ALLOWED_BACKENDS} or None, got {backend!r}")
@@ -184,6 +191,7 @@ def init_distributed(backend: str | None = None, *, threads_per_process: int | N
         extra: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
                                 timeout=timeout, **extra)
+        atexit.register(cleanup)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
                     backend=backend, threads_per_process=threads)
 
