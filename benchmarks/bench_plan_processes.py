@@ -5,7 +5,9 @@ task's model on their shares of one training batch of the baseline's size (the e
 of the one-process plans, split over the processes), twice:
 
 1. no budget, time only;
-2. a budget of 50 % of the data-parallel fp32 baseline's measured peak (per process).
+2. a budget of 50 % of the data-parallel fp32 baseline's measured peak (per process);
+3. with `--adaptive`, also for adaptive accumulation (k by goodput): the noise scale pooled over
+   every process's share, the gradient all-reduce counted in the optimizer step's fixed part.
 
 Every candidate trains data parallel -- DDP at ZeRO stage 0, DeepSpeed at ZeRO-1/2 -- and each
 speedup is paired, window by window, with the DDP fp32 baseline's windows of the same rounds
@@ -14,7 +16,7 @@ benchmark checks that they did, then prints rank 0's table: every candidate's sp
 the baseline (median, 95 % interval), peak memory, and why it lost.
 
     python benchmarks/bench_plan_processes.py [--profile quick] [--tasks cifar10,wikitext2]
-                                              [--processes 2] [--json FILE]
+                                              [--processes 2] [--adaptive] [--json FILE]
 """
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ from trainopt_core.reproduction.records import write_record
 print = functools.partial(print, flush=True)  # noqa: A001
 
 
-def plan_on_this_process(task: str, profile: str, progress: bool) -> dict:
-    """Both plans of `task` on this process's share of the batch (run by every process)."""
+def plan_on_this_process(task: str, profile: str, progress: bool, adaptive: bool = False) -> dict:
+    """The plans of `task` on this process's share of the batch (run by every process)."""
     from trainopt_core.reproduction.autoplan import plan_task
     from trainopt_core.reproduction.profiles import get_profile
     from trainopt_core.reproduction.tasks import build_task
@@ -56,6 +58,9 @@ def plan_on_this_process(task: str, profile: str, progress: bool) -> dict:
                                          memory_budget_bytes=budget)
     except ValueError as error:  # no candidate fits
         failed["50 % budget"] = str(error)
+    if adaptive:
+        plans["adaptive accumulation"] = plan_task(share, prof, torch.device("cpu"), progress=progress and rank == 0,
+                                                   adaptive_accumulation=True)
     return {"model": bundle.model_name, "data_source": bundle.data_source, "batch": prof.baseline_batch_size,
             "share": prof.baseline_batch_size // world, "plans": {label: p.to_dict() for label, p in plans.items()},
             "failed_plans": failed}
@@ -85,6 +90,15 @@ def _print_plan(label: str, planned: dict) -> None:
         peak = "" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**20:7.1f} MiB"
         verdict = "CHOSEN" if row.get("chosen") else (row["rejected_because"] or "")[:70]
         print(f"    {row['candidate']:45s} {speed:20s} {peak:12s} {verdict}")
+    good = planned.get("goodput")
+    if good:
+        noise = good["noise_scale"]
+        print(f"    B_simple {noise['b_simple']:.4g} [{noise['ci_low']:.4g}, {noise['ci_high']:.4g}] samples from "
+              f"{noise['micro_batches']} micro-batches of {noise['micro_batch_size']:.3g} (every process's share); "
+              f"micro-batch {good['micro_s'] * 1e3:.1f} ms, optimizer step with the all-reduce "
+              f"{good['optimizer_s'] * 1e3:.1f} ms (slowest process); k = {good['k']} in "
+              f"[{good['k_min']}, {good['k_max']}] ({good['k_at_interval'][0]} to {good['k_at_interval'][1]} "
+              f"across the interval; closed form {good['closed_form_k']:.3g})")
 
 
 def main(argv=None) -> int:
@@ -93,6 +107,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tasks", default="cifar10,wikitext2")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--adaptive", action="store_true", help="also plan for adaptive accumulation")
     parser.add_argument("--progress", action="store_true")
     args = parser.parse_args(argv)
     if args.processes < 2:
@@ -103,13 +118,13 @@ def main(argv=None) -> int:
                "processes": args.processes, "tasks": []}
     for task in args.tasks.split(","):
         started = time.perf_counter()
-        ranks = run_processes(plan_on_this_process, args.processes, args=(task, args.profile, args.progress),
+        ranks = run_processes(plan_on_this_process, args.processes, args=(task, args.profile, args.progress, args.adaptive),
                               backend="gloo", threads_per_process=max(1, available_cpu_cores() // args.processes),
                               timeout_s=1800)
         wall_s = time.perf_counter() - started
 
         def decided(rank_result):  # what the processes must agree on (their planning clocks differ)
-            return {label: (p["chosen"], p["rows"]) for label, p in rank_result["plans"].items()}
+            return {label: (p["chosen"], p["rows"], p.get("goodput")) for label, p in rank_result["plans"].items()}
         same = all(decided(r) == decided(ranks[0]) for r in ranks[1:])
         first = ranks[0]
         print(f"\n{task}: {first['model']}; {first['data_source']}; batch {first['batch']} "

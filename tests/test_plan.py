@@ -159,7 +159,7 @@ def test_with_adaptive_accumulation_the_plan_splits_at_least_in_two_and_chooses_
     assert [row["k"] for row in good["rows"]] == list(range(config.k_min, 7))
     assert good["micro_batch_size"] == 64 / config.k_min and good["micro_s"] > 0 and good["optimizer_s"] > 0
     assert good["noise_scale"]["micro_batches"] == 16 and good["noise_scale"]["ci_low"] > 0
-    assert result.rows[0]["candidate"] == "fp32, k=1" and "needs k >= 2" in result.rows[0]["rejected_because"]
+    assert result.rows[0]["candidate"] == "fp32, k=1" and "planned with k >= 2" in result.rows[0]["rejected_because"]
     assert "Adaptive accumulation: gradient noise scale B_simple" in result.explain()
     config.validate_for_run(device="cpu")
     again = Plan.from_dict(json.loads(json.dumps(result.to_dict())))

@@ -84,6 +84,72 @@ def test_a_zero_best_still_gets_channels_last_tried_on_its_ddp_twin():
     assert not any("channels_last" in name and "ZeRO" in name for name in measured)
 
 
+def _dropout_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.2), torch.nn.Linear(32, 4))
+
+
+def _whole_batch():
+    generator = torch.Generator().manual_seed(7)
+    return torch.randn(48, 16, generator=generator), torch.randint(0, 4, (48,), generator=generator)
+
+
+def pooled_probe_rank() -> dict:
+    from trainopt_core.accumulation import probe_noise_scale
+
+    rank = torch.distributed.get_rank()
+    x, y = _whole_batch()
+    share = (x.chunk(WORLD)[rank], y.chunk(WORLD)[rank])
+    return probe_noise_scale(_dropout_model(), share, F.cross_entropy, micro_batches=8, seed=3,
+                             across_processes=True).to_dict()
+
+
+def adaptive_plan_rank() -> dict:
+    import trainopt_core
+    from trainopt_core.planner import space
+
+    space.native_reduced_precisions = lambda device: ()
+    rank = torch.distributed.get_rank()
+    x, y = _whole_batch()
+    result = trainopt_core.plan(_dropout_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                                (x.chunk(WORLD)[rank], y.chunk(WORLD)[rank]), F.cross_entropy, ks=(2,),
+                                adaptive_accumulation=True, k_max=6, speed_options=False)
+    return {"config": result.config.to_dict(), "goodput": result.goodput, "explain": result.explain()}
+
+
+@pytest.mark.distributed
+def test_the_noise_scale_probe_pools_every_processs_share_into_the_whole_batchs_estimate():
+    from trainopt_core.accumulation import probe_noise_scale
+    from trainopt_core.distributed import run_processes
+
+    pooled = run_processes(pooled_probe_rank, WORLD, backend="gloo", threads_per_process=1, timeout_s=120)
+    assert pooled[0] == pooled[1]  # every process the same estimate
+    # one process on the whole batch in 2 x 8 micro-batches, rank 1's after rank 0's with the
+    # same dropout seeds: the same micro-batch gradients, S summed in another order
+    whole = probe_noise_scale(_dropout_model(), _whole_batch(), F.cross_entropy, micro_batches=16, seed=3)
+    assert pooled[0]["micro_batches"] == 16 and pooled[0]["micro_batch_size"] == whole.micro_batch_size == 3.0
+    for key in ("b_simple", "ci_low", "ci_high", "sigma_sq", "grad_sq"):
+        assert pooled[0][key] == pytest.approx(getattr(whole, key), rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_adaptive_accumulation_is_planned_on_two_processes_by_goodput_over_the_global_batch():
+    from trainopt_core.distributed import run_processes
+
+    rank0, rank1 = run_processes(adaptive_plan_rank, WORLD, backend="gloo", threads_per_process=1, timeout_s=400)
+    assert rank0["config"] == rank1["config"] and rank0["goodput"] == rank1["goodput"]  # agreed
+    good, config = rank0["goodput"], rank0["config"]
+    assert config["adaptive"] and config["k_min"] == good["k_min"] == 2 and config["k_max"] == 6
+    assert config["k"] == good["k"] == max(good["rows"], key=lambda row: row["goodput"])["k"]
+    share_parts = len(torch.arange(48 // WORLD).chunk(16))  # the probe's 16 micro-batches of a share of 24: 12 of 2
+    assert good["world_size"] == WORLD and good["noise_scale"]["micro_batches"] == WORLD * share_parts
+    # a step of k micro-batches of b samples on each process takes 2·k·b samples
+    assert [row["effective_batch"] for row in good["rows"]] == [WORLD * k * good["micro_batch_size"]
+                                                                for k in range(2, 7)]
+    assert good["micro_s"] > 0 and good["optimizer_s"] >= 0
+    assert "on each of 2 processes" in rank0["explain"]
+
+
 @pytest.fixture(scope="module")
 def ranks():
     pytest.importorskip("deepspeed")
@@ -138,9 +204,11 @@ def test_the_two_process_benchmark_runs_and_finds_the_processes_agreed(tmp_path,
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     bench = importlib.import_module("bench_plan_processes")
     out = tmp_path / "bench.json"
-    assert bench.main(["--profile", "smoke", "--tasks", "wikitext2", "--json", str(out)]) == 0
-    assert "every process returned the same plans: yes" in capsys.readouterr().out
+    assert bench.main(["--profile", "smoke", "--tasks", "wikitext2", "--adaptive", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "every process returned the same plans: yes" in printed and "optimizer step with the all-reduce" in printed
     task = json.loads(out.read_text())["tasks"][0]
     assert task["same_plan_on_every_process"] and task["share"] * 2 == task["batch"]
-    assert set(task["plans"]) == {"no budget", "50 % budget"}
+    assert set(task["plans"]) == {"no budget", "50 % budget", "adaptive accumulation"}
+    assert task["plans"]["adaptive accumulation"]["goodput"]["world_size"] == 2
     assert any(row["zero_stage"] for row in task["plans"]["no budget"]["rows"])

@@ -303,19 +303,29 @@ def noise_scale_from_norms(sq_norms: list[float], dots_with_sum: list[float], su
 
 
 def probe_noise_scale(model: torch.nn.Module, batch, loss_fn, *, micro_batches: int = 16,
-                      loss_takes_model: bool = False, seed: int = 0) -> NoiseScaleProbe:
+                      loss_takes_model: bool = False, seed: int = 0,
+                      across_processes: bool = False) -> NoiseScaleProbe:
     """The gradient noise scale B_simple of `batch` at `model`'s current weights (FP32, train
     mode, weights left unchanged; gradients it leaves in `.grad` are cleared).
 
     The batch is split into `micro_batches` (default 16, at most one sample each) micro-batch
     mean gradients g_j. Two passes keep memory at two gradient copies: the first sums S = Σ g_j
     and |g_j|², the second recomputes each g_j (dropout masks replayed from a per-micro-batch
-    seed) for g_j · S. `batch`/`loss_fn` as in `trainopt_core.plan`."""
+    seed) for g_j · S. `batch`/`loss_fn` as in `trainopt_core.plan`.
+
+    `across_processes`: every process of the torch.distributed group calls it with its own share
+    of the batch, and all return the same estimate from the micro-batches of every share: S is
+    summed over the processes (one all-reduce) before the second pass, and each process's |g_j|²,
+    g_j · S and sizes are gathered in rank order. Dropout seeds differ between the processes'
+    micro-batches, which are then independent draws as on one process."""
+    pooled = (across_processes and torch.distributed.is_available() and torch.distributed.is_initialized()
+              and torch.distributed.get_world_size() > 1)
     size = len(batch[0])
     m = min(micro_batches, size)
-    if m < 3:
+    if m < (1 if pooled else 3):  # pooled, the m of all processes together must be >= 3 (checked on the whole)
         raise ValueError(f"micro_batches={micro_batches!r} with a batch of {size}: allowed >= 3 micro-batches "
-                         f"(a batch of >= 3 samples) for the noise scale's interval")
+                         f"(a batch of >= 3 samples; >= 1 on each process, >= 3 in all, across processes) "
+                         "for the noise scale's interval")
     parts = list(zip(*(tensor.chunk(m) for tensor in batch)))
     parameters = [p for p in model.parameters() if p.requires_grad]
     device = parameters[0].device
@@ -339,18 +349,52 @@ def probe_noise_scale(model: torch.nn.Module, batch, loss_fn, *, micro_batches: 
     def dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         return float(sum(torch.sum(x.double() * y.double()) for x, y in zip(a, b)))
 
+    first = torch.distributed.get_rank() * m if pooled else 0  # each micro-batch its own dropout seed
     try:
         total, sq_norms = None, []
-        for index, micro in enumerate(parts):
+        for index, micro in enumerate(parts, start=first):
             g = gradient(index, micro)
             sq_norms.append(dot(g, g))
             total = [t.clone() for t in g] if total is None else [t.add_(x) for t, x in zip(total, g)]
-        dots = [dot(gradient(index, micro), total) for index, micro in enumerate(parts)]
+        if pooled:
+            total = _summed_over_processes(total)
+        dots = [dot(gradient(index, micro), total) for index, micro in enumerate(parts, start=first)]
     finally:
         for p in parameters:
             p.grad = None
         model.train(training)
-    return noise_scale_from_norms(sq_norms, dots, dot(total, total), [float(len(micro[0])) for micro in parts])
+    sizes = [float(len(micro[0])) for micro in parts]
+    if pooled:
+        sq_norms, dots, sizes = _gathered_over_processes(sq_norms, dots, sizes, device=device)
+    return noise_scale_from_norms(sq_norms, dots, dot(total, total), sizes)
+
+
+def _collective_device(device: torch.device) -> torch.device:
+    return device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")  # gloo: CPU tensors
+
+
+def _summed_over_processes(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor summed over the processes, in one all-reduce of their concatenation."""
+    device = tensors[0].device
+    flat = torch.cat([t.reshape(-1) for t in tensors]).to(_collective_device(device))
+    torch.distributed.all_reduce(flat)
+    pieces = flat.to(device).split([t.numel() for t in tensors])
+    return [piece.view_as(t) for piece, t in zip(pieces, tensors)]
+
+
+def _gathered_over_processes(*columns: list[float], device: torch.device) -> tuple[list[float], ...]:
+    """Every process's rows of `columns`, in rank order (processes may hold different numbers)."""
+    device = _collective_device(device)
+    world = torch.distributed.get_world_size()
+    local = torch.tensor(list(zip(*columns)), dtype=torch.float64, device=device).reshape(-1, len(columns))
+    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    torch.distributed.all_gather(counts, torch.tensor([len(local)], dtype=torch.int64, device=device))
+    most = max(int(c) for c in counts)
+    padded = torch.cat([local, local.new_zeros(most - len(local), len(columns))])
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(gathered, padded)
+    rows = [row for rank_rows, count in zip(gathered, counts) for row in rank_rows[:int(count)].tolist()]
+    return tuple(list(column) for column in zip(*rows))
 
 
 def goodput(k: int, *, micro_batch_size: float, micro_s: float, optimizer_s: float, b_simple: float,

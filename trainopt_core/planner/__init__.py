@@ -103,7 +103,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     with adaptive=True), where k sets the effective batch k·b of a fixed micro-batch b, so k is
     chosen by goodput -- samples/s × statistical efficiency -- not by samples/s alone. The
     splits tried are then those with k >= 2 (eq. 7 needs two micro-batches per step on one
-    process); the chosen split gives b = batch/k and k_min = k (the effective batch never falls
+    process; on more, the first k - 1 time a micro-batch without the all-reduce); the chosen split gives b = batch/k and k_min = k (the effective batch never falls
     below `batch`); the gradient noise scale B_simple of `batch` at the initial weights
     (`accumulation.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
     micro-batch and optimizer-step seconds give the goodput of each k in [k_min, `k_max`]; the
@@ -120,7 +120,9 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     (DDP; ZeRO-1/2 through DeepSpeed where it is installed), the processes agree on every
     measurement (memory: the largest process's; speed: the slowest's), and every process
     returns the same plan. A chosen ZeRO stage runs with `prepare(..., backend="deepspeed")`
-    (or "auto"); stage 0 on the DDP-wrapped model. Not with `adaptive_accumulation`.
+    (or "auto"); stage 0 on the DDP-wrapped model. With `adaptive_accumulation` the noise scale
+    pools the micro-batches of every process's share, and the gradient all-reduce a step waits
+    for counts in its fixed part, which accumulation spreads over k micro-batches.
     """
     started = time.perf_counter()
     if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
@@ -140,9 +142,12 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     min_k = 2 if adaptive_accumulation else 1
     if adaptive_accumulation and (not isinstance(k_max, int) or isinstance(k_max, bool) or k_max < 2):
         fail("k_max", k_max, "an integer >= 2 (the largest k adaptive accumulation may reach)")
-    if adaptive_accumulation and size < 6:
-        fail("batch", f"a batch of {size}", "with adaptive_accumulation, a batch of >= 6 samples (>= 3 micro-batches "
-             "for the noise scale's interval, split into >= 2)")
+    dist = torch.distributed
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if adaptive_accumulation and (size < 2 or size * world < 6):
+        fail("batch", f"a batch of {size}" + (f" on each of {world} processes" if world > 1 else ""),
+             "with adaptive_accumulation, >= 6 samples in all (>= 3 micro-batches for the noise scale's interval, "
+             "split into >= 2), >= 2 on each process")
     if planning_memory_bytes is not None and not planning_memory_bytes > 0:
         fail("planning_memory_bytes", planning_memory_bytes,
              "None (on CUDA 90 % of the free memory, elsewhere no limit) or a number of bytes > 0")
@@ -150,10 +155,6 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         fail("model", "a DistributedDataParallel", "the plain module (on more than one process every candidate is "
              "wrapped as it needs: DDP, or DeepSpeed at its ZeRO stage)")
-    dist = torch.distributed
-    if adaptive_accumulation and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        fail("adaptive_accumulation", True, "False on more than one process (k by goodput is planned on one "
-             "process)")
     if try_compile is None:
         try_compile = device.type == "cuda"
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,

@@ -100,8 +100,8 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     for row in rows:
         if row["feasible"] and row["k"] < min_k:
             row["feasible"] = False
-            row["rejected_because"] = (f"adaptive accumulation needs k >= {min_k} micro-batches per step on one "
-                                       "process (the baseline is the reference)")
+            row["rejected_because"] = (f"adaptive accumulation is planned with k >= {min_k} micro-batches per step "
+                                       "(the baseline is the reference)")
     feasible = [row for row in rows if row["feasible"]]
     if not feasible:
         smallest = min((r for r in rows if r["peak_memory_bytes"] is not None),

@@ -80,7 +80,8 @@ class Plan:
             # chosen candidate's timed seconds per sample when it is not the one measured
             micro_s = self.goodput["micro_s"] if chosen["candidate"] == self.chosen["candidate"] else None
             good = goodput_choice(chosen, self.goodput["noise_scale"], optimizer_s=self.goodput["optimizer_s"],
-                                  micro_s=micro_s, batch_size=self.goodput["batch_size"], k_max=self.goodput["k_max"])
+                                  micro_s=micro_s, batch_size=self.goodput["batch_size"], k_max=self.goodput["k_max"],
+                                  world_size=self.goodput.get("world_size", 1))
             config = adaptive_config(config, good)
         return Plan(config=config, chosen=chosen, baseline=baseline, rows=rows,
                     memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=self.planning_s,
@@ -160,7 +161,8 @@ class Plan:
         noise = good["noise_scale"]
         ends = [goodput_choice({"k": good["k_min"], "candidate": good["measured_on"]},
                                dict(noise, b_simple=value), optimizer_s=good["optimizer_s"], micro_s=good["micro_s"],
-                               batch_size=good["batch_size"], k_max=good["k_max"])["rows"]
+                               batch_size=good["batch_size"], k_max=good["k_max"],
+                               world_size=good.get("world_size", 1))["rows"]
                 for value in (noise["ci_low"], noise["ci_high"])]
         low, high = ([min(a["relative_goodput"], b["relative_goodput"]) for a, b in zip(*ends)],
                      [max(a["relative_goodput"], b["relative_goodput"]) for a, b in zip(*ends)])

@@ -111,17 +111,19 @@ class Trial:
             self.engine.step()
         return float(self.size)
 
-    def split_step(self, device) -> tuple[float, float]:
-        """One optimizer step, timed in two parts: (seconds of its k micro-batches, seconds of
-        the boundary -- unscale, clip, optimizer update, zero_grad)."""
+    def split_step(self, device) -> tuple[float, float, float]:
+        """One optimizer step, timed in three parts: seconds of its first k - 1 micro-batches, of
+        the last (whose backward, data parallel, also waits for the gradients' all-reduce), and of
+        the boundary -- unscale, clip, optimizer update, zero_grad."""
         with Timer(device) as whole:
-            for micro in self.micro[:-1]:
-                self._backward(micro)
-                self.engine.step()  # not a boundary: returns at once
+            with Timer(device) as first:
+                for micro in self.micro[:-1]:
+                    self._backward(micro)
+                    self.engine.step()  # not a boundary: returns at once
             self._backward(self.micro[-1])
             with Timer(device) as boundary:
                 self.engine.step()
-        return whole.elapsed_s - boundary.elapsed_s, boundary.elapsed_s
+        return first.elapsed_s, whole.elapsed_s - first.elapsed_s - boundary.elapsed_s, boundary.elapsed_s
 
 
 class Search:
