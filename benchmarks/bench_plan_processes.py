@@ -8,6 +8,12 @@ of the one-process plans, split over the processes), twice:
 2. a budget of 50 % of the data-parallel fp32 baseline's measured peak (per process);
 3. with `--adaptive`, also for adaptive accumulation (k by goodput): the noise scale pooled over
    every process's share, the gradient all-reduce counted in the optimizer step's fixed part.
+   Goodput's step-time model (a step of k micro-batches costs k·t_micro + t_fixed) is then
+   checked on the processes as `bench_goodput.py` checks it on one: the chosen candidate with
+   k_min, 2·k_min and k_max micro-batches of the same b, data parallel, timed interleaved in
+   `--windows` windows of `--steps` steps (each window's rate the slowest process's); the
+   measured samples/s ratio to k_min's (paired by window: median, 95 % interval) beside the
+   model's.
 
 Every candidate trains data parallel -- DDP at ZeRO stage 0, DeepSpeed at ZeRO-1/2 -- and each
 speedup is paired, window by window, with the DDP fp32 baseline's windows of the same rounds
@@ -16,11 +22,13 @@ benchmark checks that they did, then prints rank 0's table: every candidate's sp
 the baseline (median, 95 % interval), peak memory, and why it lost.
 
     python benchmarks/bench_plan_processes.py [--profile quick] [--tasks cifar10,wikitext2]
-                                              [--processes 2] [--adaptive] [--json FILE]
+                                              [--processes 2] [--adaptive [--windows 6 --steps 2]]
+                                              [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import sys
@@ -38,7 +46,8 @@ from trainopt_core.reproduction.records import write_record
 print = functools.partial(print, flush=True)  # noqa: A001
 
 
-def plan_on_this_process(task: str, profile: str, progress: bool, adaptive: bool = False) -> dict:
+def plan_on_this_process(task: str, profile: str, progress: bool, adaptive: bool = False, windows: int = 6,
+                         steps: int = 2) -> dict:
     """The plans of `task` on this process's share of the batch (run by every process)."""
     from trainopt_core.reproduction.autoplan import plan_task
     from trainopt_core.reproduction.profiles import get_profile
@@ -58,12 +67,55 @@ def plan_on_this_process(task: str, profile: str, progress: bool, adaptive: bool
                                          memory_budget_bytes=budget)
     except ValueError as error:  # no candidate fits
         failed["50 % budget"] = str(error)
+    checks = None
     if adaptive:
         plans["adaptive accumulation"] = plan_task(share, prof, torch.device("cpu"), progress=progress and rank == 0,
                                                    adaptive_accumulation=True)
+        checks = _step_time_model_check(share, prof, plans["adaptive accumulation"], world, windows, steps)
     return {"model": bundle.model_name, "data_source": bundle.data_source, "batch": prof.baseline_batch_size,
             "share": prof.baseline_batch_size // world, "plans": {label: p.to_dict() for label, p in plans.items()},
-            "failed_plans": failed}
+            "failed_plans": failed, "step_time_model": checks}
+
+
+def _step_time_model_check(share, prof, result, world: int, windows: int, steps: int) -> list[dict]:
+    """The adaptive plan's step-time model against the chosen candidate timed data parallel with
+    k_min, 2·k_min and k_max micro-batches of its b (every process runs it; rates agreed)."""
+    from trainopt_core.measure.stats import paired_ratio
+    from trainopt_core.measure.timing import interleaved_windows
+    from trainopt_core.planner.ranks import Ranks
+    from trainopt_core.planner.search import Trial
+    from trainopt_core.planner.space import candidate_of
+
+    device = torch.device("cpu")
+    good = result.goodput
+    b = int(good["micro_batch_size"])
+    ks = sorted({good["k_min"], min(2 * good["k_min"], good["k_max"]), good["k_max"]})
+    candidate = candidate_of(result.chosen)
+
+    def optimizer(parameters):
+        return torch.optim.AdamW(parameters, lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
+
+    def loss(model, x, y=None):
+        return share.loss(model, x, y)
+
+    trials = {}
+    for k in ks:  # this process's k·b of a global batch of world·k·b
+        batch = tuple(t for t in next(share.train_batches(world * k * b, seed=0)) if t is not None)
+        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(share.model), optimizer, batch, loss, device,
+                          loss_takes_model=True, world_size=world)
+    local = interleaved_windows({str(k): trials[k].step for k in ks}, windows=windows, steps_per_window=steps,
+                                warmup_steps=1, device=device)
+    ranks = Ranks(device)
+    rates = {name: ranks.min(values) for name, values in local.items()}  # a step ends with its slowest process
+    predicted = {row["k"]: row["samples_per_s"] for row in good["rows"]}
+    checks = []
+    for k in ks:
+        ratio = paired_ratio(rates[str(k)], rates[str(ks[0])])
+        model_ratio = predicted[k] / predicted[ks[0]]
+        inside = ratio["ci_low"] <= model_ratio <= ratio["ci_high"] if ratio["ci_low"] is not None else None
+        checks.append({"k": k, "batch": world * k * b, "measured_ratio": ratio["median"], "ci_low": ratio["ci_low"],
+                       "ci_high": ratio["ci_high"], "model_ratio": model_ratio, "model_inside_interval": inside})
+    return checks
 
 
 def _share_of_the_batch(bundle, rank: int, world: int):
@@ -108,6 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", default=None)
     parser.add_argument("--adaptive", action="store_true", help="also plan for adaptive accumulation")
+    parser.add_argument("--windows", type=int, default=6, help="--adaptive's step-time check: timing windows")
+    parser.add_argument("--steps", type=int, default=2, help="--adaptive's step-time check: steps per window")
     parser.add_argument("--progress", action="store_true")
     args = parser.parse_args(argv)
     if args.processes < 2:
@@ -118,7 +172,7 @@ def main(argv=None) -> int:
                "processes": args.processes, "tasks": []}
     for task in args.tasks.split(","):
         started = time.perf_counter()
-        ranks = run_processes(plan_on_this_process, args.processes, args=(task, args.profile, args.progress, args.adaptive),
+        ranks = run_processes(plan_on_this_process, args.processes, args=(task, args.profile, args.progress, args.adaptive, args.windows, args.steps),
                               backend="gloo", threads_per_process=max(1, available_cpu_cores() // args.processes),
                               timeout_s=1800)
         wall_s = time.perf_counter() - started
@@ -134,6 +188,14 @@ def main(argv=None) -> int:
             _print_plan(label, planned)
         for label, error in first["failed_plans"].items():
             print(f"  plan {label}: FAILED {error}")
+        if first["step_time_model"]:
+            print(f"  step-time model vs measured ({args.windows} windows x {args.steps} steps, interleaved, "
+                  f"{args.processes} processes; ratio to k={first['step_time_model'][0]['k']}):")
+            for check in first["step_time_model"]:
+                inside = check["model_inside_interval"]
+                print(f"    k={check['k']:2d} (batch {check['batch']:4d}): measured x{check['measured_ratio']:.3f} "
+                      f"[{check['ci_low']:.3f}, {check['ci_high']:.3f}], model x{check['model_ratio']:.3f}"
+                      + ("" if inside is None else "  (inside)" if inside else "  (OUTSIDE)"))
         results["tasks"].append({"task": task, **first, "same_plan_on_every_process": same, "wall_s": wall_s})
         if args.json:  # after every task: a run stopped part-way keeps the tasks it finished
             write_record(Path(args.json), results)

@@ -204,11 +204,18 @@ def test_the_two_process_benchmark_runs_and_finds_the_processes_agreed(tmp_path,
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     bench = importlib.import_module("bench_plan_processes")
     out = tmp_path / "bench.json"
-    assert bench.main(["--profile", "smoke", "--tasks", "wikitext2", "--adaptive", "--json", str(out)]) == 0
+    assert bench.main(["--profile", "smoke", "--tasks", "wikitext2", "--adaptive", "--windows", "2", "--json",
+                       str(out)]) == 0
     printed = capsys.readouterr().out
     assert "every process returned the same plans: yes" in printed and "optimizer step with the all-reduce" in printed
     task = json.loads(out.read_text())["tasks"][0]
     assert task["same_plan_on_every_process"] and task["share"] * 2 == task["batch"]
     assert set(task["plans"]) == {"no budget", "50 % budget", "adaptive accumulation"}
-    assert task["plans"]["adaptive accumulation"]["goodput"]["world_size"] == 2
+    good = task["plans"]["adaptive accumulation"]["goodput"]
+    assert good["world_size"] == 2
+    # the step-time model checked on the processes, from k_min up to k_max micro-batches of b
+    assert [check["k"] for check in task["step_time_model"]] == sorted({2, 4, good["k_max"]})
+    assert [check["batch"] for check in task["step_time_model"]] == [2 * k * good["micro_batch_size"]
+                                                                     for k in sorted({2, 4, good["k_max"]})]
+    assert task["step_time_model"][0]["measured_ratio"] == task["step_time_model"][0]["model_ratio"] == 1.0
     assert any(row["zero_stage"] for row in task["plans"]["no budget"]["rows"])
