@@ -34,10 +34,40 @@ from trainopt_core.reproduction.tasks import build_task
 print = functools.partial(print, flush=True)  # noqa: A001 -- interleaved with progress on stderr
 
 
-def _optimizer(prof):
+def optimizer_of(prof):
     def build(parameters):
         return torch.optim.AdamW(parameters, lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
     return build
+
+
+def checked_ks(good: dict) -> list[int]:
+    """The k whose step time is checked: k_min, 2·k_min and k_max."""
+    return sorted({good["k_min"], min(2 * good["k_min"], good["k_max"]), good["k_max"]})
+
+
+def step_time_model_checks(rates: dict[str, list[float]], good: dict, ks: list[int], *,
+                           samples_per_micro_batch: int) -> list[dict]:
+    """Each k's measured samples/s relative to ks[0]'s (paired by window: median and 95 % interval)
+    beside the ratio goodput's step-time model predicts, and whether the interval holds it."""
+    predicted = {row["k"]: row["samples_per_s"] for row in good["rows"]}
+    checks = []
+    for k in ks:
+        ratio = paired_ratio(rates[str(k)], rates[str(ks[0])])
+        model_ratio = predicted[k] / predicted[ks[0]]
+        inside = ratio["ci_low"] <= model_ratio <= ratio["ci_high"] if ratio["ci_low"] is not None else None
+        checks.append({"k": k, "batch": k * samples_per_micro_batch, "measured_ratio": ratio["median"],
+                       "ci_low": ratio["ci_low"], "ci_high": ratio["ci_high"], "model_ratio": model_ratio,
+                       "model_inside_interval": inside})
+    return checks
+
+
+def print_step_time_model_checks(checks: list[dict], timing: str) -> None:
+    print(f"  step-time model vs measured ({timing}; ratio to k={checks[0]['k']}):")
+    for check in checks:
+        inside = check["model_inside_interval"]
+        print(f"    k={check['k']:2d} (batch {check['batch']:4d}): measured x{check['measured_ratio']:.3f} "
+              f"[{check['ci_low']:.3f}, {check['ci_high']:.3f}], model x{check['model_ratio']:.3f}"
+              + ("" if inside is None else "  (inside)" if inside else "  (OUTSIDE)"))
 
 
 def bench_task(task: str, profile: str, device: torch.device, windows: int, steps: int, progress: bool,
@@ -60,7 +90,7 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
 
     # the step-time model, checked: the same micro-batch b, k micro-batches per step
     b = int(good["micro_batch_size"])
-    ks = sorted({good["k_min"], min(2 * good["k_min"], good["k_max"]), good["k_max"]})
+    ks = checked_ks(good)
     candidate = candidate_of(result.chosen)
 
     def loss(model, x, y=None):
@@ -69,22 +99,12 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
     trials = {}
     for k in ks:
         batch = tuple(t for t in next(bundle.train_batches(k * b, seed=0)) if t is not None)
-        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(bundle.model).to(device), _optimizer(prof), batch,
+        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(bundle.model).to(device), optimizer_of(prof), batch,
                           loss, device, loss_takes_model=True)
     rates = interleaved_windows({str(k): trials[k].step for k in ks}, windows=windows, steps_per_window=steps,
                                 warmup_steps=1, device=device)
-    predicted = {row["k"]: row["samples_per_s"] for row in good["rows"]}
-    checks = []
-    print(f"  step-time model vs measured ({windows} windows x {steps} steps, interleaved; ratio to k={ks[0]}):")
-    for k in ks:
-        ratio = paired_ratio(rates[str(k)], rates[str(ks[0])])
-        model_ratio = predicted[k] / predicted[ks[0]]
-        inside = ratio["ci_low"] <= model_ratio <= ratio["ci_high"] if ratio["ci_low"] is not None else None
-        checks.append({"k": k, "measured_ratio": ratio["median"], "ci_low": ratio["ci_low"],
-                       "ci_high": ratio["ci_high"], "model_ratio": model_ratio, "model_inside_interval": inside})
-        print(f"    k={k:2d} (batch {k * b:4d}): measured x{ratio['median']:.3f} "
-              f"[{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}], model x{model_ratio:.3f}"
-              + ("" if inside is None else "  (inside)" if inside else "  (OUTSIDE)"))
+    checks = step_time_model_checks(rates, good, ks, samples_per_micro_batch=b)
+    print_step_time_model_checks(checks, f"{windows} windows x {steps} steps, interleaved")
     return {"task": task, "profile": profile, "model": bundle.model_name, "data_source": bundle.data_source,
             "plan": result.to_dict(), "step_time_model": checks, "windows": windows, "steps_per_window": steps}
 

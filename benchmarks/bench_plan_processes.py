@@ -38,6 +38,9 @@ from pathlib import Path
 
 import torch
 
+from bench_goodput import (  # this folder is on sys.path when run as a script
+    checked_ks, optimizer_of, print_step_time_model_checks, step_time_model_checks)
+
 from trainopt_core import measure
 from trainopt_core.distributed import run_processes
 from trainopt_core.distributed.process_group import available_cpu_cores
@@ -80,7 +83,6 @@ def plan_on_this_process(task: str, profile: str, progress: bool, adaptive: bool
 def _step_time_model_check(share, prof, result, world: int, windows: int, steps: int) -> list[dict]:
     """The adaptive plan's step-time model against the chosen candidate timed data parallel with
     k_min, 2·k_min and k_max micro-batches of its b (every process runs it; rates agreed)."""
-    from trainopt_core.measure.stats import paired_ratio
     from trainopt_core.measure.timing import interleaved_windows
     from trainopt_core.planner.ranks import Ranks
     from trainopt_core.planner.search import Trial
@@ -89,11 +91,8 @@ def _step_time_model_check(share, prof, result, world: int, windows: int, steps:
     device = torch.device("cpu")
     good = result.goodput
     b = int(good["micro_batch_size"])
-    ks = sorted({good["k_min"], min(2 * good["k_min"], good["k_max"]), good["k_max"]})
+    ks = checked_ks(good)
     candidate = candidate_of(result.chosen)
-
-    def optimizer(parameters):
-        return torch.optim.AdamW(parameters, lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
 
     def loss(model, x, y=None):
         return share.loss(model, x, y)
@@ -101,21 +100,13 @@ def _step_time_model_check(share, prof, result, world: int, windows: int, steps:
     trials = {}
     for k in ks:  # this process's k·b of a global batch of world·k·b
         batch = tuple(t for t in next(share.train_batches(world * k * b, seed=0)) if t is not None)
-        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(share.model), optimizer, batch, loss, device,
+        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(share.model), optimizer_of(prof), batch, loss, device,
                           loss_takes_model=True, world_size=world)
     local = interleaved_windows({str(k): trials[k].step for k in ks}, windows=windows, steps_per_window=steps,
                                 warmup_steps=1, device=device)
     ranks = Ranks(device)
     rates = {name: ranks.min(values) for name, values in local.items()}  # a step ends with its slowest process
-    predicted = {row["k"]: row["samples_per_s"] for row in good["rows"]}
-    checks = []
-    for k in ks:
-        ratio = paired_ratio(rates[str(k)], rates[str(ks[0])])
-        model_ratio = predicted[k] / predicted[ks[0]]
-        inside = ratio["ci_low"] <= model_ratio <= ratio["ci_high"] if ratio["ci_low"] is not None else None
-        checks.append({"k": k, "batch": world * k * b, "measured_ratio": ratio["median"], "ci_low": ratio["ci_low"],
-                       "ci_high": ratio["ci_high"], "model_ratio": model_ratio, "model_inside_interval": inside})
-    return checks
+    return step_time_model_checks(rates, good, ks, samples_per_micro_batch=world * b)
 
 
 def _share_of_the_batch(bundle, rank: int, world: int):
@@ -189,13 +180,8 @@ def main(argv=None) -> int:
         for label, error in first["failed_plans"].items():
             print(f"  plan {label}: FAILED {error}")
         if first["step_time_model"]:
-            print(f"  step-time model vs measured ({args.windows} windows x {args.steps} steps, interleaved, "
-                  f"{args.processes} processes; ratio to k={first['step_time_model'][0]['k']}):")
-            for check in first["step_time_model"]:
-                inside = check["model_inside_interval"]
-                print(f"    k={check['k']:2d} (batch {check['batch']:4d}): measured x{check['measured_ratio']:.3f} "
-                      f"[{check['ci_low']:.3f}, {check['ci_high']:.3f}], model x{check['model_ratio']:.3f}"
-                      + ("" if inside is None else "  (inside)" if inside else "  (OUTSIDE)"))
+            print_step_time_model_checks(first["step_time_model"], f"{args.windows} windows x {args.steps} steps, "
+                                         f"interleaved, {args.processes} processes")
         results["tasks"].append({"task": task, **first, "same_plan_on_every_process": same, "wall_s": wall_s})
         if args.json:  # after every task: a run stopped part-way keeps the tasks it finished
             write_record(Path(args.json), results)
