@@ -94,13 +94,14 @@ def _whole_batch():
     return torch.randn(48, 16, generator=generator), torch.randint(0, 4, (48,), generator=generator)
 
 
-def pooled_probe_rank() -> dict:
+def pooled_probe_rank(share_sizes: tuple[int, ...]) -> dict:
+    """This process's share of the whole batch (sizes by rank), in micro-batches of 3 samples."""
     from trainopt_core.accumulation import probe_noise_scale
 
     rank = torch.distributed.get_rank()
-    x, y = _whole_batch()
-    share = (x.chunk(WORLD)[rank], y.chunk(WORLD)[rank])
-    return probe_noise_scale(_dropout_model(), share, F.cross_entropy, micro_batches=8, seed=3,
+    start = sum(share_sizes[:rank])
+    share = tuple(t[start:start + share_sizes[rank]] for t in _whole_batch())
+    return probe_noise_scale(_dropout_model(), share, F.cross_entropy, micro_batches=share_sizes[rank] // 3, seed=3,
                              across_processes=True).to_dict()
 
 
@@ -118,13 +119,15 @@ def adaptive_plan_rank() -> dict:
 
 
 @pytest.mark.distributed
-def test_the_noise_scale_probe_pools_every_processs_share_into_the_whole_batchs_estimate():
+@pytest.mark.parametrize("share_sizes", [(24, 24), (30, 18)])
+def test_the_noise_scale_probe_pools_every_processs_share_into_the_whole_batchs_estimate(share_sizes):
     from trainopt_core.accumulation import probe_noise_scale
     from trainopt_core.distributed import run_processes
 
-    pooled = run_processes(pooled_probe_rank, WORLD, backend="gloo", threads_per_process=1, timeout_s=120)
+    pooled = run_processes(pooled_probe_rank, WORLD, args=(share_sizes,), backend="gloo", threads_per_process=1,
+                           timeout_s=120)
     assert pooled[0] == pooled[1]  # every process the same estimate
-    # one process on the whole batch in 2 x 8 micro-batches, rank 1's after rank 0's with the
+    # one process on the whole batch in 16 micro-batches of 3, rank 1's after rank 0's with the
     # same dropout seeds: the same micro-batch gradients, S summed in another order
     whole = probe_noise_scale(_dropout_model(), _whole_batch(), F.cross_entropy, micro_batches=16, seed=3)
     assert pooled[0]["micro_batches"] == 16 and pooled[0]["micro_batch_size"] == whole.micro_batch_size == 3.0

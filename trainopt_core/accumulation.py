@@ -349,7 +349,10 @@ def probe_noise_scale(model: torch.nn.Module, batch, loss_fn, *, micro_batches: 
     def dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         return float(sum(torch.sum(x.double() * y.double()) for x, y in zip(a, b)))
 
-    first = torch.distributed.get_rank() * m if pooled else 0  # each micro-batch its own dropout seed
+    # each micro-batch its own dropout seed: rank r's follow those of the ranks before it, as one
+    # process would number the micro-batches of all the shares laid end to end
+    counts = _counts_over_processes(len(parts), device) if pooled else [len(parts)]
+    first = sum(counts[:torch.distributed.get_rank()]) if pooled else 0
     try:
         total, sq_norms = None, []
         for index, micro in enumerate(parts, start=first):
@@ -365,7 +368,7 @@ def probe_noise_scale(model: torch.nn.Module, batch, loss_fn, *, micro_batches: 
         model.train(training)
     sizes = [float(len(micro[0])) for micro in parts]
     if pooled:
-        sq_norms, dots, sizes = _gathered_over_processes(sq_norms, dots, sizes, device=device)
+        sq_norms, dots, sizes = _gathered_over_processes(sq_norms, dots, sizes, counts=counts, device=device)
     return noise_scale_from_norms(sq_norms, dots, dot(total, total), sizes)
 
 
@@ -382,18 +385,22 @@ def _summed_over_processes(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [piece.view_as(t) for piece, t in zip(pieces, tensors)]
 
 
-def _gathered_over_processes(*columns: list[float], device: torch.device) -> tuple[list[float], ...]:
-    """Every process's rows of `columns`, in rank order (processes may hold different numbers)."""
+def _counts_over_processes(count: int, device: torch.device) -> list[int]:
+    """Every process's `count`, in rank order."""
     device = _collective_device(device)
-    world = torch.distributed.get_world_size()
+    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(counts, torch.tensor([count], dtype=torch.int64, device=device))
+    return [int(c) for c in counts]
+
+
+def _gathered_over_processes(*columns: list[float], counts: list[int], device: torch.device) -> tuple[list[float], ...]:
+    """Every process's rows of `columns`, in rank order; process r holds counts[r] of them."""
+    device = _collective_device(device)
     local = torch.tensor(list(zip(*columns)), dtype=torch.float64, device=device).reshape(-1, len(columns))
-    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    torch.distributed.all_gather(counts, torch.tensor([len(local)], dtype=torch.int64, device=device))
-    most = max(int(c) for c in counts)
-    padded = torch.cat([local, local.new_zeros(most - len(local), len(columns))])
-    gathered = [torch.empty_like(padded) for _ in range(world)]
+    padded = torch.cat([local, local.new_zeros(max(counts) - len(local), len(columns))])  # all_gather: equal shapes
+    gathered = [torch.empty_like(padded) for _ in counts]
     torch.distributed.all_gather(gathered, padded)
-    rows = [row for rank_rows, count in zip(gathered, counts) for row in rank_rows[:int(count)].tolist()]
+    rows = [row for rank_rows, count in zip(gathered, counts) for row in rank_rows[:count].tolist()]
     return tuple(list(column) for column in zip(*rows))
 
 

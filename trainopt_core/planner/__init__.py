@@ -103,8 +103,9 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     with adaptive=True), where k sets the effective batch k·b of a fixed micro-batch b, so k is
     chosen by goodput -- samples/s × statistical efficiency -- not by samples/s alone. The
     splits tried are then those with k >= 2 (eq. 7 needs two micro-batches per step on one
-    process; on more, the first k - 1 time a micro-batch without the all-reduce); the chosen split gives b = batch/k and k_min = k (the effective batch never falls
-    below `batch`); the gradient noise scale B_simple of `batch` at the initial weights
+    process; on more, the first k - 1 time a micro-batch without the all-reduce); the chosen
+    split gives b = batch/k and k_min = k (the effective batch never falls below `batch`); the
+    gradient noise scale B_simple of `batch` at the initial weights
     (`accumulation.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
     micro-batch and optimizer-step seconds give the goodput of each k in [k_min, `k_max`]; the
     best is the starting k (`Plan.goodput` has the table and k at the interval's two ends).
