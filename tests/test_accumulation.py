@@ -13,11 +13,9 @@ from trainopt_core.accumulation import (
     calibrate_sigma_target,
     choose_k,
     estimate_noise,
-    goodput,
-    noise_scale_from_norms,
     pool_estimates,
-    probe_noise_scale,
 )
+from trainopt_core.noise_scale import goodput, noise_scale_from_norms, probe_noise_scale
 
 
 def test_hooked_micro_batch_norms_equal_explicit_per_micro_batch_gradients():

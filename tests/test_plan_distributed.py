@@ -96,7 +96,7 @@ def _whole_batch():
 
 def pooled_probe_rank(share_sizes: tuple[int, ...]) -> dict:
     """This process's share of the whole batch (sizes by rank), in micro-batches of 3 samples."""
-    from trainopt_core.accumulation import probe_noise_scale
+    from trainopt_core.noise_scale import probe_noise_scale
 
     rank = torch.distributed.get_rank()
     start = sum(share_sizes[:rank])
@@ -121,7 +121,7 @@ def adaptive_plan_rank() -> dict:
 @pytest.mark.distributed
 @pytest.mark.parametrize("share_sizes", [(24, 24), (30, 18)])
 def test_the_noise_scale_probe_pools_every_processs_share_into_the_whole_batchs_estimate(share_sizes):
-    from trainopt_core.accumulation import probe_noise_scale
+    from trainopt_core.noise_scale import probe_noise_scale
     from trainopt_core.distributed import run_processes
 
     pooled = run_processes(pooled_probe_rank, WORLD, args=(share_sizes,), backend="gloo", threads_per_process=1,

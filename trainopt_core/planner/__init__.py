@@ -25,7 +25,7 @@ measured in the same windows):
 4. With adaptive accumulation only (`adaptive_accumulation=True`): k sets the effective batch
    k·b of the chosen micro-batch b, so it is chosen by goodput -- samples/s × statistical
    efficiency, the efficiency from the gradient noise scale B_simple of the batch (measured with
-   its 95 % interval, `accumulation.probe_noise_scale`), the samples/s from the chosen
+   its 95 % interval, `noise_scale.probe_noise_scale`), the samples/s from the chosen
    candidate's timed micro-batch and optimizer-step seconds.
 
 Before a candidate is timed, the memory model (eq. 8: activations scale with the micro-batch;
@@ -106,7 +106,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     process; on more, the first k - 1 time a micro-batch without the all-reduce); the chosen
     split gives b = batch/k and k_min = k (the effective batch never falls below `batch`); the
     gradient noise scale B_simple of `batch` at the initial weights
-    (`accumulation.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
+    (`noise_scale.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
     micro-batch and optimizer-step seconds give the goodput of each k in [k_min, `k_max`]; the
     best is the starting k (`Plan.goodput` has the table and k at the interval's two ends).
     `windows` × `steps_per_window` steps time each candidate. `planning_memory_bytes`: what the

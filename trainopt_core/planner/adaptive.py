@@ -7,7 +7,7 @@ import copy
 import math
 import statistics
 
-from ..accumulation import goodput, probe_noise_scale
+from ..noise_scale import goodput, probe_noise_scale
 from ..config import OptimizationConfig
 from .search import Search
 from .space import Candidate
@@ -43,7 +43,7 @@ def measure_goodput(search: Search, chosen: Candidate, *, k_max: int) -> dict:
 
 def goodput_choice(chosen: dict, noise_scale: dict, *, optimizer_s: float, micro_s: float | None,
                    batch_size: int, k_max: int, world_size: int = 1) -> dict:
-    """Goodput (`accumulation.goodput`) of k = k_min..k_max micro-batches of the chosen split's
+    """Goodput (`noise_scale.goodput`) of k = k_min..k_max micro-batches of the chosen split's
     b = batch_size / k_min, relative to k_min's; the best k, and the best at either end of the
     noise scale's interval. Without a measured `micro_s` it comes from the chosen row's timed
     seconds per sample (a step of k_min micro-batches minus the optimizer's part).
