@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,10 @@ DEFAULT_DIST_TIMEOUT_S = 600.0
 # launched processes pick the values up without the training script forwarding them.
 THREADS_ENV = "TRAINOPT_THREADS_PER_PROCESS"
 TIMEOUT_ENV = "TRAINOPT_DIST_TIMEOUT_S"
+
+# What `cleanup` waits before destroying a gloo group, for its worker threads to drop the last
+# collectives' work objects while the interpreter is whole (see `cleanup`).
+GLOO_SETTLE_S = 0.2
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -146,9 +151,10 @@ def init_distributed(backend: str | None = None, *, threads_per_process: int | N
     exists returns the same description without re-initializing.
 
     The group it creates is destroyed at interpreter exit (`cleanup`, registered with atexit),
-    while Python is still whole: a gloo group left to the interpreter's teardown can abort the
-    process (SIGABRT, "terminate called without an active exception") after the script's
-    work is done. Calling `cleanup()` earlier is fine; the exit handler then does nothing.
+    while Python is still whole: gloo's worker threads that release a collective's tensors
+    during the interpreter's teardown abort the process after the script's work is done
+    (SIGABRT, "terminate called without an active exception"; see `cleanup`). Calling
+    `cleanup()` earlier is fine; the exit handler then does nothing.
     """
     if backend is not None and backend not in ALLOWED_BACKENDS:
         raise ValueError(f"backend must be one of {ALLOWED_BACKENDS} or None, got {backend!r}")
@@ -220,6 +226,15 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 def cleanup() -> None:
-    """Destroy the process group if one exists (safe to call more than once)."""
+    """Destroy the process group if one exists (safe to call more than once).
+
+    A gloo group first gets GLOO_SETTLE_S with the GIL released: gloo's worker threads drop a
+    finished collective's work object, and with it the tensors Python handed it, a moment after
+    the caller sees the collective done. A worker that does so once the interpreter is
+    finalizing needs the GIL to release a tensor's Python object, cannot have it, and aborts the
+    process (SIGABRT, "terminate called without an active exception") -- destroying the group
+    does not stop those threads, so the wait is what closes the window."""
     if dist.is_initialized():
+        if dist.get_backend() == "gloo":
+            time.sleep(GLOO_SETTLE_S)
         dist.destroy_process_group()
