@@ -43,7 +43,7 @@ from .. import precision as mp
 from ..config import OptimizationConfig
 from ..engine import TrainingEngine
 from ..schedule import clip_gradients
-from .process_group import find_free_port
+from .process_group import cleanup, find_free_port
 
 # DeepSpeed's fp16 loss-scale floor (its fp16.min_loss_scale takes integers only; GradScaler's
 # floor, precision.MIN_LOSS_SCALE, is lower).
@@ -434,7 +434,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._forward_hook.remove()
         self.ds_engine.destroy()
         if self._owns_process_group and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+            cleanup()  # gloo's workers given time to drop the last works (see process_group.cleanup)
             self._owns_process_group = False
 
 

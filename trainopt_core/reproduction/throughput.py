@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import measure
-from ..distributed import find_free_port
+from ..distributed import cleanup, find_free_port
 from ..measure.allocator import minor_page_faults
 from ..measure.probes import machine_probes
 from .autoplan import plans_dir_for
@@ -114,8 +114,8 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
     finally:
         for workload in workloads.values():
             workload.close()
-        if owns_group and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        if owns_group:
+            cleanup()
     results = {}
     for name, workload in workloads.items():
         per_sample = workload.items / workload.samples
