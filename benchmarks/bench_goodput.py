@@ -45,6 +45,26 @@ def checked_ks(good: dict) -> list[int]:
     return sorted({good["k_min"], min(2 * good["k_min"], good["k_max"]), good["k_max"]})
 
 
+def rates_by_k(bundle, prof, result, device, *, windows: int, steps: int, world_size: int = 1) -> dict[str, list[float]]:
+    """This process's samples/s of the plan's chosen candidate with each `checked_ks` k micro-batches of its
+    b, timed interleaved; on `world_size` processes each takes its k·b of a batch of world_size·k·b
+    (`bundle` cut to its share) and trains data parallel."""
+    good = result.goodput
+    b, ks = int(good["micro_batch_size"]), checked_ks(good)
+    candidate = candidate_of(result.chosen)
+
+    def loss(model, x, y=None):
+        return bundle.loss(model, x, y)
+
+    trials = {}
+    for k in ks:
+        batch = tuple(t for t in next(bundle.train_batches(world_size * k * b, seed=0)) if t is not None)
+        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(bundle.model).to(device), optimizer_of(prof), batch,
+                          loss, device, loss_takes_model=True, world_size=world_size)
+    return interleaved_windows({str(k): trials[k].step for k in ks}, windows=windows, steps_per_window=steps,
+                               warmup_steps=1, device=device)
+
+
 def step_time_model_checks(rates: dict[str, list[float]], good: dict, ks: list[int], *,
                            samples_per_micro_batch: int) -> list[dict]:
     """Each k's measured samples/s relative to ks[0]'s (paired by window: median and 95 % interval)
@@ -89,20 +109,8 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
               f"{row['statistical_efficiency']:10.3f} {row['relative_goodput']:17.3f}")
 
     # the step-time model, checked: the same micro-batch b, k micro-batches per step
-    b = int(good["micro_batch_size"])
-    ks = checked_ks(good)
-    candidate = candidate_of(result.chosen)
-
-    def loss(model, x, y=None):
-        return bundle.loss(model, x, y)
-
-    trials = {}
-    for k in ks:
-        batch = tuple(t for t in next(bundle.train_batches(k * b, seed=0)) if t is not None)
-        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(bundle.model).to(device), optimizer_of(prof), batch,
-                          loss, device, loss_takes_model=True)
-    rates = interleaved_windows({str(k): trials[k].step for k in ks}, windows=windows, steps_per_window=steps,
-                                warmup_steps=1, device=device)
+    b, ks = int(good["micro_batch_size"]), checked_ks(good)
+    rates = rates_by_k(bundle, prof, result, device, windows=windows, steps=steps)
     checks = step_time_model_checks(rates, good, ks, samples_per_micro_batch=b)
     print_step_time_model_checks(checks, f"{windows} windows x {steps} steps, interleaved")
     return {"task": task, "profile": profile, "model": bundle.model_name, "data_source": bundle.data_source,

@@ -28,7 +28,6 @@ the baseline (median, 95 % interval), peak memory, and why it lost.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import functools
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 import torch
 
 from bench_goodput import (  # this folder is on sys.path when run as a script
-    checked_ks, optimizer_of, print_step_time_model_checks, step_time_model_checks)
+    checked_ks, print_step_time_model_checks, rates_by_k, step_time_model_checks)
 
 from trainopt_core import measure
 from trainopt_core.distributed import run_processes
@@ -83,30 +82,15 @@ def plan_on_this_process(task: str, profile: str, progress: bool, adaptive: bool
 def _step_time_model_check(share, prof, result, world: int, windows: int, steps: int) -> list[dict]:
     """The adaptive plan's step-time model against the chosen candidate timed data parallel with
     k_min, 2·k_min and k_max micro-batches of its b (every process runs it; rates agreed)."""
-    from trainopt_core.measure.timing import interleaved_windows
     from trainopt_core.planner.ranks import Ranks
-    from trainopt_core.planner.search import Trial
-    from trainopt_core.planner.space import candidate_of
 
     device = torch.device("cpu")
     good = result.goodput
-    b = int(good["micro_batch_size"])
-    ks = checked_ks(good)
-    candidate = candidate_of(result.chosen)
-
-    def loss(model, x, y=None):
-        return share.loss(model, x, y)
-
-    trials = {}
-    for k in ks:  # this process's k·b of a global batch of world·k·b
-        batch = tuple(t for t in next(share.train_batches(world * k * b, seed=0)) if t is not None)
-        trials[k] = Trial(candidate.replace(k=k), copy.deepcopy(share.model), optimizer_of(prof), batch, loss, device,
-                          loss_takes_model=True, world_size=world)
-    local = interleaved_windows({str(k): trials[k].step for k in ks}, windows=windows, steps_per_window=steps,
-                                warmup_steps=1, device=device)
+    local = rates_by_k(share, prof, result, device, windows=windows, steps=steps, world_size=world)
     ranks = Ranks(device)
     rates = {name: ranks.min(values) for name, values in local.items()}  # a step ends with its slowest process
-    return step_time_model_checks(rates, good, ks, samples_per_micro_batch=world * b)
+    return step_time_model_checks(rates, good, checked_ks(good),
+                                  samples_per_micro_batch=world * int(good["micro_batch_size"]))
 
 
 def _share_of_the_batch(bundle, rank: int, world: int):
