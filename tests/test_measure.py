@@ -179,6 +179,73 @@ def test_checkpointing_reduces_the_activations_the_tracker_sees():
     assert checkpointed == row_bytes * 4   # only each checkpointed block's input is kept
 
 
+def test_memory_tracker_agrees_with_the_cpu_allocators_own_count():
+    """An outside check of the tracker: the profiler's record of every allocation the c10 CPU
+    allocator makes (profile_memory), live bytes at their maximum within the same step."""
+    from torch._C._profiler import _EventType
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        model, optimizer, x, y = _mlp()  # built while profiled: the allocator's count includes them
+        _mlp_step(model, optimizer, x, y)
+        with torch.profiler.record_function("tracked step"), MemoryTracker(model, optimizer) as tracker:
+            _mlp_step(model, optimizer, x, y)
+    allocations, window = [], []
+
+    def walk(node):
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            allocations.append((node.start_time_ns, node.extra_fields.total_allocated, node.extra_fields.alloc_size))
+        elif node.name == "tracked step":
+            window.append((node.start_time_ns, node.end_time_ns))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    allocations.sort()
+    (start, end), = window
+    offset = allocations[0][1] - allocations[0][2]  # the count is the process's: from 0 at the profiler's start
+    allocator_peak = max(total - offset for t, total, _ in allocations if start <= t <= end)
+    assert tracker.peak_bytes == pytest.approx(allocator_peak, rel=0.01)
+
+
+def _ddp_tracked_steps(steps: int) -> list[dict]:
+    """On each process: an MLP under DDP, `steps` steps each tracked (run by `run_processes`)."""
+    from trainopt_core.measure.memory import ddp_bucket_bytes
+
+    torch.manual_seed(0)
+    model, optimizer, x, y = _mlp()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp.parameters())
+    result = []
+    for _ in range(steps):
+        rebuilt_before = ddp._has_rebuilt_buckets
+        with MemoryTracker(ddp, optimizer) as tracker:
+            _mlp_step(ddp, optimizer, x, y)
+        result.append(dict(peak=tracker.peak_bytes, breakdown=tracker.breakdown_at_peak, rebuilt_before=rebuilt_before,
+                           rebuilt_after=ddp._has_rebuilt_buckets, buckets=ddp_bucket_bytes(ddp)))
+    with MemoryTracker(model, optimizer) as plain:  # the module itself: no buckets of its own
+        _mlp_step(model, optimizer, x, y)
+    result.append(dict(peak=plain.peak_bytes, breakdown=plain.breakdown_at_peak))
+    return result
+
+
+@pytest.mark.distributed
+def test_memory_tracker_counts_ddps_gradient_buckets_before_and_after_ddp_rebuilds_them():
+    from trainopt_core.distributed import run_processes
+
+    *steps, plain = run_processes(_ddp_tracked_steps, 2, args=(3,), backend="gloo", threads_per_process=1,
+                                  timeout_s=120)[0]
+    numel = sum(p.numel() for p in _mlp()[0].parameters())
+    # DDP rebuilds its buckets at the second step's forward (the order of the first backward)
+    assert [(s["rebuilt_before"], s["rebuilt_after"]) for s in steps] == [(False, False), (False, True), (True, True)]
+    for step in steps:  # one flat copy of every gradient, neither lost nor counted twice by the rebuild
+        assert step["buckets"] == 4 * numel == step["breakdown"]["communication_buffers"]
+        assert step["breakdown"]["temporaries"] == steps[-1]["breakdown"]["temporaries"]
+    assert steps[1]["peak"] == steps[2]["peak"]
+    assert "communication_buffers" not in plain["breakdown"]  # as records made before the category had it
+    assert steps[2]["peak"] - plain["peak"] == 4 * numel
+
+
 def test_peak_memory_on_cpu_reports_the_tracked_step_and_its_breakdown():
     model, optimizer, x, y = _mlp()
     memory = PeakMemory("cpu")

@@ -15,7 +15,13 @@ At the peak the live storages are sorted into:
 - activations: storages autograd saves for backward (tagged by a `saved_tensors_hooks` pack
   hook; this includes the inputs a non-reentrant checkpoint keeps for recomputation, while
   activations recomputed during backward count as temporaries);
-- temporaries: everything else (outputs awaiting use, backward buffers, optimizer scratch).
+- temporaries: everything else (outputs awaiting use, backward buffers, optimizer scratch);
+- communication_buffers: a `DistributedDataParallel` module's gradient buckets (when the tracked
+  model is the DDP wrapper): flat buffers its reducer allocates in C++ when it is built, where the
+  gradients are copied for the all-reduce -- one more copy of the gradients, held for the module's
+  whole life and never an op's output, so counted from the bucket sizes DDP reports (not with
+  `gradient_as_bucket_view=True`: the gradients are then views of the buckets, counted as
+  gradients once they point there).
 
 Memory that exists before the step and is only read by it (a data set tensor a batch is sliced
 from) is not counted unless autograd saves it; allocations inside a kernel that never surface
@@ -32,9 +38,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries")
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries",
+              "communication_buffers")
 # A storage keeps its strongest role: a weight that autograd saves for backward stays a parameter.
-_RANK = {"parameters": 5, "buffers": 4, "optimizer_state": 3, "gradients": 2, "activations": 1, "temporaries": 0}
+_RANK = {"parameters": 5, "buffers": 4, "optimizer_state": 3, "gradients": 2, "activations": 1, "temporaries": 0,
+         "communication_buffers": 0}
+_BUCKETS_KEY = -1  # the record of DDP's buckets (the other records are keyed by id(storage), never negative)
 
 SOURCE_CUDA = "cuda_max_memory_allocated"
 SOURCE_TRACKER = "cpu_live_tensor_tracker"
@@ -61,9 +70,25 @@ def storage_bytes(tensors) -> int:
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
     """Bytes a model and its optimizer hold between steps: parameters, buffers, gradients and
-    optimizer state, each storage counted once. What several models built side by side hold
-    together, apart from the activations and temporaries each step allocates and frees."""
-    return storage_bytes(tensor for _, tensor in _state_tensors(model, optimizer))
+    optimizer state, each storage counted once, and a DDP wrapper's gradient buckets. What several
+    models built side by side hold together, apart from the activations and temporaries each step
+    allocates and frees."""
+    return storage_bytes(tensor for _, tensor in _state_tensors(model, optimizer)) + ddp_bucket_bytes(model)
+
+
+def ddp_bucket_bytes(model) -> int:
+    """Bytes of a `DistributedDataParallel` module's gradient buckets, as its reducer reports them
+    (every trainable parameter's gradient once, in buckets of up to `bucket_cap_mb`); 0 for any
+    other model, and with `gradient_as_bucket_view=True` (the gradients are the buckets)."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return 0
+    if getattr(model, "gradient_as_bucket_view", False):
+        return 0
+    try:
+        sizes = str(model._get_ddp_logging_data()["bucket_sizes"])
+        return sum(int(size) for size in sizes.split(",") if size.strip())
+    except (AttributeError, KeyError, ValueError, RuntimeError):  # the reducer's report is not public API
+        return storage_bytes(p for p in model.parameters() if p.requires_grad)
 
 
 def _parameters_of(model, optimizer) -> list[torch.Tensor]:
@@ -129,10 +154,10 @@ class MemoryTracker:
 
     Attributes after exit: `peak_bytes` (CUDA allocator peak on CUDA, tracker peak elsewhere),
     `peak_reserved_bytes` (CUDA only, else None), `tracked_peak_bytes`, `breakdown_at_peak`
-    (category -> bytes; sums to `tracked_peak_bytes`), `max_bytes_by_category` (each category's
-    own maximum during the step: e.g. all saved activations at the end of the forward pass),
-    `source` and `breakdown_source`. On CUDA the allocator's peak statistics are reset on entry
-    (`reset_cuda_peak=False` leaves them alone).
+    (category -> bytes; sums to `tracked_peak_bytes`; "communication_buffers" only for a DDP
+    module), `max_bytes_by_category` (each category's own maximum during the step: e.g. all saved
+    activations at the end of the forward pass), `source` and `breakdown_source`. On CUDA the
+    allocator's peak statistics are reset on entry (`reset_cuda_peak=False` leaves them alone).
     """
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
@@ -161,6 +186,7 @@ class MemoryTracker:
         self._open = False
         self._handles: list = []
         self._contexts: list = []
+        self._keys_before_forward: set[int] = set()
 
     # ------------------------------------------------------------------ bookkeeping
     def _track(self, storage, category: str) -> _Storage | None:
@@ -246,6 +272,25 @@ class MemoryTracker:
             if parameter.grad is not None:
                 self._tag([parameter.grad], "gradients")
 
+    def _before_ddp_forward(self, _module, _args) -> None:
+        with self._lock:
+            self._keys_before_forward = set(self._records)
+
+    def _after_ddp_pre_forward(self, _module, _args) -> None:
+        """DDP rebuilds its buckets once, in the order the gradients arrived, at the first forward
+        after the first synchronized backward: the new buckets are ops' outputs (tracked), the old
+        ones go unseen. From then on the new ones are the communication buffers."""
+        with self._lock:
+            if not self.model._has_rebuilt_buckets or _BUCKETS_KEY not in self._records:
+                return
+            for key in set(self._records) - self._keys_before_forward:
+                record = self._records[key]
+                if record.category == "temporaries":
+                    self._add("temporaries", -record.nbytes)
+                    record.category = "communication_buffers"
+                    self._add("communication_buffers", record.nbytes)
+            self._add("communication_buffers", -self._records.pop(_BUCKETS_KEY).nbytes)
+
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
         with self._lock:
             self._tag_state()
@@ -260,7 +305,14 @@ class MemoryTracker:
         with self._lock:
             self._open = True
             self._tag_state()
+            buckets = ddp_bucket_bytes(self.model)
+            if buckets:  # alive before the step and after it, never an op's output
+                self._records[_BUCKETS_KEY] = _Storage(buckets, "communication_buffers")
+                self._add("communication_buffers", buckets)
             self._note_peak()
+        if buckets and not getattr(self.model, "_has_rebuilt_buckets", True):
+            self._handles += [self.model.register_forward_pre_hook(self._before_ddp_forward),
+                              self.model.module.register_forward_pre_hook(self._after_ddp_pre_forward)]
         for parameter in self._parameters():
             if parameter.requires_grad:
                 self._handles.append(parameter.register_post_accumulate_grad_hook(self._grad_ready))
@@ -285,6 +337,8 @@ class MemoryTracker:
             self.breakdown_at_peak = {c: 0 for c in CATEGORIES}
             for record in self._peak_records:
                 self.breakdown_at_peak[record.category] += record.nbytes
+            if not self.max_bytes_by_category["communication_buffers"]:  # no DDP: the breakdown it always had
+                del self.breakdown_at_peak["communication_buffers"]
             self._records.clear()
             self._weakrefs.clear()
             self._peak_records = []
