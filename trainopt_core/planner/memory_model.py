@@ -10,7 +10,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..checkpointing import block_sequence, expected_saved_fraction
-from ..measure.memory import MemoryTracker, optimizer_state_tensors, storage_bytes
+from ..measure.memory import MemoryTracker, ddp_bucket_bytes, optimizer_state_tensors, storage_bytes
 from .space import Candidate
 
 CAPACITY_FRACTION = 0.9   # of a CUDA device's free memory, what the candidates' copies may use (fragmentation)
@@ -63,9 +63,11 @@ def calibrate(tracker: MemoryTracker, peak_bytes: int, batch_size: int, num_bloc
 
 def partitionable_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """What ZeRO partitions, whole (a step's peak may come before the gradients exist): the
-    optimizer's state as the step left it, and a gradient the size of each trainable parameter."""
+    optimizer's state as the step left it, and a gradient the size of each trainable parameter;
+    and what it does without: a DDP wrapper's gradient buckets (DeepSpeed replaces DDP)."""
     return {"optimizer_state_bytes": storage_bytes(optimizer_state_tensors(optimizer)),
-            "gradient_bytes": storage_bytes(p for p in model.parameters() if p.requires_grad)}
+            "gradient_bytes": storage_bytes(p for p in model.parameters() if p.requires_grad),
+            "ddp_bucket_bytes": ddp_bucket_bytes(model)}
 
 
 def predict(calibration: dict, candidate: Candidate, batch_size: int, world_size: int = 1) -> float:
@@ -74,8 +76,8 @@ def predict(calibration: dict, candidate: Candidate, batch_size: int, world_size
     the batch (autocast keeps FP32 weights, so eq. 17's halving of weights and gradients is not
     assumed). Meant to prune, so it leans low: temporaries are scaled like activations, and the
     selective policy is taken to keep what full checkpointing keeps. ZeRO-1 keeps 1/W of the
-    optimizer state on each of `world_size` processes, ZeRO-2 also 1/W of the gradients
-    (DeepSpeed's own buffers not counted: it leans low)."""
+    optimizer state on each of `world_size` processes, ZeRO-2 also 1/W of the gradients, and
+    neither has DDP's gradient buckets (DeepSpeed's own buffers not counted: it leans low)."""
     activations = calibration["activation_bytes_per_sample"] * batch_size / candidate.k
     if candidate.checkpointing is not None and calibration["num_blocks"]:
         activations *= min(1.0, expected_saved_fraction(calibration["num_blocks"], candidate.checkpointing,
@@ -87,7 +89,11 @@ def predict(calibration: dict, candidate: Candidate, batch_size: int, world_size
 
 
 def zero_saving_bytes(calibration: dict, zero_stage: int, world_size: int) -> float:
-    """What ZeRO at `zero_stage` takes off each of `world_size` processes: all but 1/W of the
-    optimizer state (stage >= 1) and of the gradients (stage 2)."""
-    return (1 - 1 / world_size) * (calibration.get("optimizer_state_bytes", 0) * (zero_stage >= 1)
-                                   + calibration.get("gradient_bytes", 0) * (zero_stage >= 2))
+    """What ZeRO at `zero_stage` takes off each of `world_size` processes, measured against DDP:
+    all but 1/W of the optimizer state (stage >= 1) and of the gradients (stage 2), and DDP's
+    gradient buckets (DeepSpeed reduces through buffers of its own)."""
+    if not zero_stage:
+        return 0.0
+    return ((1 - 1 / world_size) * (calibration.get("optimizer_state_bytes", 0)
+                                    + calibration.get("gradient_bytes", 0) * (zero_stage >= 2))
+            + calibration.get("ddp_bucket_bytes", 0))

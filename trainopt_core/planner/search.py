@@ -52,8 +52,9 @@ def _micro_batches(batch: Sequence[torch.Tensor], k: int) -> list[tuple[torch.Te
 class Trial:
     """One candidate on its own copy of the model and optimizer, stepping the probe batch. On
     `world_size` > 1 processes the copy trains data parallel: DDP at ZeRO stage 0, else a
-    DeepSpeed engine at the candidate's stage. `model` is the copy's module (what memory is
-    tracked on), `forward` what the forward runs through (the module, DDP or DeepSpeed)."""
+    DeepSpeed engine at the candidate's stage. `model` is the copy's module, `tracked` what memory
+    is tracked on (the module, or its DDP wrapper, whose gradient buckets count), `forward` what
+    the forward runs through (the module, DDP or DeepSpeed)."""
 
     def __init__(self, candidate: Candidate, model, optimizer_factory, batch, loss_fn, device, loss_takes_model=False,
                  world_size: int = 1):
@@ -68,6 +69,7 @@ class Trial:
             if device.type == "cuda":
                 ids = [device.index if device.index is not None else torch.cuda.current_device()]
             wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.tracked = wrapped
         self.optimizer = optimizer_factory(self.model.parameters())
         self.size = len(batch[0])
         self.micro = _micro_batches(batch, candidate.k)
@@ -201,13 +203,13 @@ class Search:
             row["rejected_because"] = None
             # the largest process's memory, the mean of the processes' probe losses
             peak, held, inputs_bytes = self.ranks.max([tracker.peak_bytes - others_bytes,
-                                                       state_bytes(trial.model, trial.optimizer), inputs_bytes or 0])
+                                                       state_bytes(trial.tracked, trial.optimizer), inputs_bytes or 0])
             row["peak_memory_bytes"], self.held_bytes[candidate] = int(peak), int(held)
             self.step_bytes[candidate] = max(row["peak_memory_bytes"] - self.held_bytes[candidate], 0)
             if candidate == Candidate():
                 self.calibration = calibrate(tracker, row["peak_memory_bytes"], self.size, self.num_blocks,
                                               inputs_bytes or None)
-                self.calibration.update(partitionable_bytes(trial.model, trial.optimizer))
+                self.calibration.update(partitionable_bytes(trial.tracked, trial.optimizer))
                 sizes = [key for key in self.calibration if key.endswith(("_bytes", "_per_sample", "_fraction"))]
                 self.calibration.update(zip(sizes, self.ranks.max([self.calibration[key] for key in sizes])))
                 row["predicted_memory_bytes"] = predict(self.calibration, candidate, self.size, self.ranks.world_size)
@@ -235,7 +237,7 @@ class Search:
             with contextlib.ExitStack() as stack:
                 if candidate == Candidate() and self.num_blocks:
                     inputs_bytes = stack.enter_context(block_inputs_bytes(trial.model))
-                tracker = stack.enter_context(MemoryTracker(trial.model, trial.optimizer, self.device))
+                tracker = stack.enter_context(MemoryTracker(trial.tracked, trial.optimizer, self.device))
                 trial.step()
         except (torch.OutOfMemoryError, RuntimeError) as caught:
             if not _is_out_of_memory(caught):
