@@ -1,0 +1,169 @@
+"""Check: the CPU live-tensor tracker's peak against the CPU allocator's own count.
+
+On a CPU, peak memory comes from `MemoryTracker` (the live storages ops create and autograd
+saves). This script checks it from outside: torch.profiler with `profile_memory=True` records
+every allocation and free of the c10 CPU allocator with the running total of live bytes, and the
+largest total within the tracked step is the allocator's peak. For each task of the profile, the
+planner's trial of fp32 with k = 2 micro-batches on the process's share of the baseline's batch
+(the candidate the planner calibrates its memory model on, split in two) is built, stepped to warm
+up (`--warmup-steps`, 1 as the planner does), then stepped once tracked, all while profiled, on
+`--processes` processes (gloo, one thread each):
+
+- one process's copy, not wrapped (the module alone);
+- DDP (its gradient buckets: a copy of the gradients the reducer allocates in C++);
+- DeepSpeed ZeRO-1 and ZeRO-2 (where DeepSpeed is installed).
+
+Each `--repeats` times, each time in a fresh set of processes. Printed per process: the
+tracker's peak, the allocator's peak in the step, the allocator's live bytes when the step
+starts, and the tracker's breakdown.
+
+The allocator's count has one blind spot: the profiler registers a free only on a thread that is
+profiled, so a block freed by another thread (gloo's workers drop finished collectives' tensors)
+stays counted, and which thread drops a block varies from run to run. Such leftovers raise the
+allocator's reading (at the step's start too), never lower it: the comparison is made with the
+smallest reading of the repeats. (The tracker's readings are the same in every repeat.)
+
+    python benchmarks/check_memory_tracker.py [--profile quick] [--tasks cifar10,wikitext2]
+                                              [--processes 2] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import importlib.util
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from trainopt_core import measure
+from trainopt_core.distributed import run_processes
+
+print = functools.partial(print, flush=True)  # noqa: A001
+MIB = 2**20
+MARK = "tracked step"
+SETUPS = ("one process's copy", "DDP", "ZeRO-1", "ZeRO-2")
+
+
+def _allocations(prof) -> tuple[list[tuple[int, int, int]], tuple[int, int]]:
+    """(time, live bytes after it, size) of every CPU allocation and free, and the marked step's span."""
+    from torch._C._profiler import _EventType
+
+    events, spans = [], []
+
+    def walk(node):
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.total_allocated, node.extra_fields.alloc_size))
+        elif node.name == MARK:
+            spans.append((node.start_time_ns, node.end_time_ns))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    events.sort()
+    return events, spans[0]
+
+
+def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1) -> dict:
+    """On this process: the trial of `setup` built, warmed up and stepped once tracked, all profiled."""
+    from bench_plan_processes import _share_of_the_batch  # this folder is on sys.path when run as a script
+
+    from trainopt_core.measure.memory import MemoryTracker
+    from trainopt_core.planner.search import Trial
+    from trainopt_core.planner.space import Candidate
+    from trainopt_core.reproduction.profiles import get_profile
+    from trainopt_core.reproduction.tasks import build_task
+
+    warnings.simplefilter("ignore")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    prof = get_profile(task, profile)
+    torch.manual_seed(0)
+    bundle = build_task(prof, data_policy="auto", data_dir=None, device=torch.device("cpu"), seed=0)
+    share = _share_of_the_batch(bundle, rank, world)
+    batch = tuple(t for t in next(share.train_batches(prof.baseline_batch_size, seed=0)) if t is not None)
+
+    def optimizer(parameters):
+        return torch.optim.AdamW(parameters, lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
+
+    def loss(model, x, y=None):
+        return bundle.loss(model, x, y)
+
+    stage = {"ZeRO-1": 1, "ZeRO-2": 2}.get(setup, 0)
+    processes = 1 if setup == SETUPS[0] else world
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof_:
+        # a copy of the share, made while profiled: autograd saves micro-batches (views of it) for
+        # backward, so the tracker counts its storage, which the allocator's count must include
+        batch = tuple(t.clone() for t in batch)
+        trial = Trial(Candidate(k=2, zero_stage=stage), bundle.model, optimizer, batch, loss, torch.device("cpu"),
+                      loss_takes_model=True, world_size=processes)
+        for _ in range(warmup_steps):
+            trial.step()
+        with torch.profiler.record_function(MARK), MemoryTracker(trial.tracked, trial.optimizer) as tracker:
+            trial.step()
+        tracked = dict(peak=tracker.peak_bytes, breakdown=dict(tracker.breakdown_at_peak))
+        del trial, tracker
+        gc.collect()  # freed while profiled: the next setup's count starts clean
+    events, (start, end) = _allocations(prof_)
+    offset = events[0][1] - events[0][2]  # the count is the process's own: from 0 where profiling began
+    at_start = [total for t, total, _ in events if t < start][-1] - offset
+    peak = max([at_start] + [total - offset for t, total, _ in events if start <= t <= end])
+    return dict(task=task, setup=setup, rank=rank, share=len(batch[0]), model=bundle.model_name,
+                data_source=bundle.data_source, tracker_peak_bytes=tracked["peak"],
+                tracker_breakdown_bytes=tracked["breakdown"], allocator_peak_bytes=peak,
+                allocator_live_at_start_bytes=at_start)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="quick", choices=("smoke", "quick"))
+    parser.add_argument("--tasks", default="cifar10,wikitext2")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per setup")
+    parser.add_argument("--warmup-steps", type=int, default=1,
+                        help="steps before the tracked one (1: the planner's; DDP rebuilds its buckets in the second)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    setups = [s for s in SETUPS if not s.startswith("ZeRO") or importlib.util.find_spec("deepspeed")]
+    print(f"machine: {measure.run_manifest(profile=args.profile, device='cpu')['hardware']}")
+    print(f"torch {torch.__version__}; {args.processes} processes (gloo, one thread each); allocator: "
+          "torch.profiler profile_memory (c10 CPU allocator)")
+    rows = []
+    for task in args.tasks.split(","):
+        for setup in setups:
+            repeats = [run_processes(measure_setup, args.processes, args=(task, args.profile, setup, args.warmup_steps),
+                                     backend="gloo", threads_per_process=1, timeout_s=600) for _ in range(args.repeats)]
+            first = repeats[0]
+            if setup == setups[0]:
+                print(f"\n{task}: {first[0]['model']}; {first[0]['data_source']}; fp32, k=2 on "
+                      f"{first[0]['share']} samples per process; tracked step {args.warmup_steps + 1}")
+            for rank, r in enumerate(first):
+                readings = [results[rank] for results in repeats]
+                if len({x["tracker_peak_bytes"] for x in readings}) != 1:
+                    raise AssertionError(f"{task} {setup} rank {rank}: the tracker's peak differs between repeats")
+                allocator = min(x["allocator_peak_bytes"] for x in readings)
+                r = dict(r, allocator_peak_bytes=allocator, repeats=readings)
+                parts = ", ".join(f"{k.replace('_', ' ')} {v / MIB:.1f}"
+                                  for k, v in r["tracker_breakdown_bytes"].items() if v)
+                print(f"  {setup:18s} rank {rank}: tracker {r['tracker_peak_bytes'] / MIB:6.1f} MiB, allocator "
+                      f"{allocator / MIB:6.1f} MiB ({(r['tracker_peak_bytes'] / allocator - 1) * 100:+.1f} %; repeats "
+                      + " ".join(f"{x['allocator_peak_bytes'] / MIB:.1f}" for x in readings)
+                      + "; at the step's start " + " ".join(f"{x['allocator_live_at_start_bytes'] / MIB:.1f}"
+                                                            for x in readings) + f")\n      tracker: {parts}")
+                rows.append(r)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(profile=args.profile, processes=args.processes,
+                                                   repeats=args.repeats, warmup_steps=args.warmup_steps, rows=rows,
+                                                   manifest=measure.run_manifest(profile=args.profile, device="cpu")),
+                                              indent=1))
+    print(f"\ncheck took {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
