@@ -23,8 +23,8 @@ stays counted, and which thread drops a block varies from run to run. Such lefto
 allocator's reading (at the step's start too), never lower it: the comparison is made with the
 smallest reading of the repeats. (The tracker's readings are the same in every repeat.)
 
-    python benchmarks/check_memory_tracker.py [--profile quick] [--tasks cifar10,wikitext2]
-                                              [--processes 2] [--json FILE]
+    python benchmarks/check_memory_tracker.py [--profile quick] [--tasks cifar10,wikitext2] [--processes 2]
+                                              [--repeats 3] [--warmup-steps 1] [--without-buckets] [--json FILE]
 """
 from __future__ import annotations
 
@@ -69,8 +69,12 @@ def _allocations(prof) -> tuple[list[tuple[int, int, int]], tuple[int, int]]:
     return events, spans[0]
 
 
-def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1) -> dict:
+def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, count_buckets: bool = True) -> dict:
     """On this process: the trial of `setup` built, warmed up and stepped once tracked, all profiled."""
+    if not count_buckets:  # the tracker as it was before it counted DDP's gradient buckets
+        from trainopt_core.measure import memory
+        memory.ddp_bucket_bytes = lambda model: 0
+
     from bench_plan_processes import _share_of_the_batch  # this folder is on sys.path when run as a script
 
     from trainopt_core.measure.memory import MemoryTracker
@@ -126,22 +130,27 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per setup")
     parser.add_argument("--warmup-steps", type=int, default=1,
                         help="steps before the tracked one (1: the planner's; DDP rebuilds its buckets in the second)")
+    parser.add_argument("--without-buckets", action="store_true",
+                        help="the tracker as it was before it counted DDP's gradient buckets (no ZeRO setups)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    setups = [s for s in SETUPS if not s.startswith("ZeRO") or importlib.util.find_spec("deepspeed")]
+    setups = [s for s in SETUPS if not s.startswith("ZeRO") or (importlib.util.find_spec("deepspeed")
+                                                                 and not args.without_buckets)]
     print(f"machine: {measure.run_manifest(profile=args.profile, device='cpu')['hardware']}")
     print(f"torch {torch.__version__}; {args.processes} processes (gloo, one thread each); allocator: "
           "torch.profiler profile_memory (c10 CPU allocator)")
     rows = []
     for task in args.tasks.split(","):
         for setup in setups:
-            repeats = [run_processes(measure_setup, args.processes, args=(task, args.profile, setup, args.warmup_steps),
+            repeats = [run_processes(measure_setup, args.processes, args=(task, args.profile, setup, args.warmup_steps,
+                                                                        not args.without_buckets),
                                      backend="gloo", threads_per_process=1, timeout_s=600) for _ in range(args.repeats)]
             first = repeats[0]
             if setup == setups[0]:
                 print(f"\n{task}: {first[0]['model']}; {first[0]['data_source']}; fp32, k=2 on "
-                      f"{first[0]['share']} samples per process; tracked step {args.warmup_steps + 1}")
+                      f"{first[0]['share']} samples per process; tracked step {args.warmup_steps + 1}"
+                      + ("; the tracker without DDP's buckets" if args.without_buckets else ""))
             for rank, r in enumerate(first):
                 readings = [results[rank] for results in repeats]
                 if len({x["tracker_peak_bytes"] for x in readings}) != 1:
@@ -158,7 +167,8 @@ def main(argv=None) -> int:
                 rows.append(r)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(profile=args.profile, processes=args.processes,
-                                                   repeats=args.repeats, warmup_steps=args.warmup_steps, rows=rows,
+                                                   repeats=args.repeats, warmup_steps=args.warmup_steps,
+                                                   counts_ddp_buckets=not args.without_buckets, rows=rows,
                                                    manifest=measure.run_manifest(profile=args.profile, device="cpu")),
                                               indent=1))
     print(f"\ncheck took {time.perf_counter() - started:.0f} s")
