@@ -20,8 +20,10 @@ starts, and the tracker's breakdown.
 The allocator's count has one blind spot: the profiler registers a free only on a thread that is
 profiled, so a block freed by another thread (gloo's workers drop finished collectives' tensors)
 stays counted, and which thread drops a block varies from run to run. Such leftovers raise the
-allocator's reading (at the step's start too), never lower it: the comparison is made with the
-smallest reading of the repeats. (The tracker's readings are the same in every repeat.)
+allocator's reading (at the step's start too), never lower it: the comparison is made in the
+repeat with the smallest reading. The tracker sees such a free when it happens, so where a block
+is dropped by gloo's thread at a varying moment (DDP's coalesced broadcast of BatchNorm buffers)
+its own reading can vary between repeats by that block.
 
     python benchmarks/check_memory_tracker.py [--profile quick] [--tasks cifar10,wikitext2] [--processes 2]
                                               [--repeats 3] [--warmup-steps 1] [--without-buckets] [--json FILE]
@@ -151,19 +153,21 @@ def main(argv=None) -> int:
                 print(f"\n{task}: {first[0]['model']}; {first[0]['data_source']}; fp32, k=2 on "
                       f"{first[0]['share']} samples per process; tracked step {args.warmup_steps + 1}"
                       + ("; the tracker without DDP's buckets" if args.without_buckets else ""))
-            for rank, r in enumerate(first):
+            for rank in range(len(first)):
                 readings = [results[rank] for results in repeats]
-                if len({x["tracker_peak_bytes"] for x in readings}) != 1:
-                    raise AssertionError(f"{task} {setup} rank {rank}: the tracker's peak differs between repeats")
-                allocator = min(x["allocator_peak_bytes"] for x in readings)
-                r = dict(r, allocator_peak_bytes=allocator, repeats=readings)
-                parts = ", ".join(f"{k.replace('_', ' ')} {v / MIB:.1f}"
+                # the repeat least raised by frees the profiler missed is the comparison's
+                r = dict(min(readings, key=lambda x: x["allocator_peak_bytes"]), repeats=readings)
+                tracker, allocator = r["tracker_peak_bytes"], r["allocator_peak_bytes"]
+                parts = ", ".join(f"{k.replace('_', ' ')} {v / MIB:.2f}"
                                   for k, v in r["tracker_breakdown_bytes"].items() if v)
-                print(f"  {setup:18s} rank {rank}: tracker {r['tracker_peak_bytes'] / MIB:6.1f} MiB, allocator "
-                      f"{allocator / MIB:6.1f} MiB ({(r['tracker_peak_bytes'] / allocator - 1) * 100:+.1f} %; repeats "
-                      + " ".join(f"{x['allocator_peak_bytes'] / MIB:.1f}" for x in readings)
-                      + "; at the step's start " + " ".join(f"{x['allocator_live_at_start_bytes'] / MIB:.1f}"
-                                                            for x in readings) + f")\n      tracker: {parts}")
+                spread = max(x["tracker_peak_bytes"] for x in readings) - min(x["tracker_peak_bytes"] for x in readings)
+                pairs = ", ".join(f"{x['tracker_peak_bytes'] / MIB:.2f}/{x['allocator_peak_bytes'] / MIB:.2f} "
+                                  f"({x['allocator_live_at_start_bytes'] / MIB:.2f})" for x in readings)
+                print(f"  {setup:18s} rank {rank}: tracker {tracker / MIB:7.2f} MiB, allocator "
+                      f"{allocator / MIB:7.2f} MiB ({(tracker / allocator - 1) * 100:+.2f} %)"
+                      + (f"; the tracker's readings spread over {spread / 1024:.1f} KiB" if spread else "")
+                      + f"\n      repeats (tracker/allocator, allocator at the step's start): {pairs}"
+                      + f"\n      tracker: {parts}")
                 rows.append(r)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(profile=args.profile, processes=args.processes,
