@@ -51,26 +51,6 @@ MARK = "tracked step"
 SETUPS = ("one process's copy", "DDP", "ZeRO-1", "ZeRO-2")
 
 
-def _allocations(prof) -> tuple[list[tuple[int, int, int]], tuple[int, int]]:
-    """(time, live bytes after it, size) of every CPU allocation and free, and the marked step's span."""
-    from torch._C._profiler import _EventType
-
-    events, spans = [], []
-
-    def walk(node):
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            events.append((node.start_time_ns, node.extra_fields.total_allocated, node.extra_fields.alloc_size))
-        elif node.name == MARK:
-            spans.append((node.start_time_ns, node.end_time_ns))
-        for child in node.children:
-            walk(child)
-
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        walk(root)
-    events.sort()
-    return events, spans[0]
-
-
 def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, count_buckets: bool = True) -> dict:
     """On this process: the trial of `setup` built, warmed up and stepped once tracked, all profiled."""
     if not count_buckets:  # the tracker as it was before it counted DDP's gradient buckets
@@ -79,7 +59,7 @@ def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, co
 
     from bench_plan_processes import _share_of_the_batch  # this folder is on sys.path when run as a script
 
-    from trainopt_core.measure.memory import MemoryTracker
+    from trainopt_core.measure.memory import MemoryTracker, cpu_allocator_reading
     from trainopt_core.planner.search import Trial
     from trainopt_core.planner.space import Candidate
     from trainopt_core.reproduction.profiles import get_profile
@@ -114,14 +94,11 @@ def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, co
         tracked = dict(peak=tracker.peak_bytes, breakdown=dict(tracker.breakdown_at_peak))
         del trial, tracker
         gc.collect()  # freed while profiled: the next setup's count starts clean
-    events, (start, end) = _allocations(prof_)
-    offset = events[0][1] - events[0][2]  # the count is the process's own: from 0 where profiling began
-    at_start = [total for t, total, _ in events if t < start][-1] - offset
-    peak = max([at_start] + [total - offset for t, total, _ in events if start <= t <= end])
+    reading = cpu_allocator_reading(prof_, MARK)
     return dict(task=task, setup=setup, rank=rank, share=len(batch[0]), model=bundle.model_name,
                 data_source=bundle.data_source, tracker_peak_bytes=tracked["peak"],
-                tracker_breakdown_bytes=tracked["breakdown"], allocator_peak_bytes=peak,
-                allocator_live_at_start_bytes=at_start)
+                tracker_breakdown_bytes=tracked["breakdown"], allocator_peak_bytes=reading["peak_bytes"],
+                allocator_live_at_start_bytes=reading["at_start_bytes"])
 
 
 def main(argv=None) -> int:

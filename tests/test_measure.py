@@ -182,29 +182,14 @@ def test_checkpointing_reduces_the_activations_the_tracker_sees():
 def test_memory_tracker_agrees_with_the_cpu_allocators_own_count():
     """An outside check of the tracker: the profiler's record of every allocation the c10 CPU
     allocator makes (profile_memory), live bytes at their maximum within the same step."""
-    from torch._C._profiler import _EventType
-
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         model, optimizer, x, y = _mlp()  # built while profiled: the allocator's count includes them
         _mlp_step(model, optimizer, x, y)
         with torch.profiler.record_function("tracked step"), MemoryTracker(model, optimizer) as tracker:
             _mlp_step(model, optimizer, x, y)
-    allocations, window = [], []
-
-    def walk(node):
-        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
-            allocations.append((node.start_time_ns, node.extra_fields.total_allocated, node.extra_fields.alloc_size))
-        elif node.name == "tracked step":
-            window.append((node.start_time_ns, node.end_time_ns))
-        for child in node.children:
-            walk(child)
-
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        walk(root)
-    allocations.sort()
-    (start, end), = window
-    offset = allocations[0][1] - allocations[0][2]  # the count is the process's: from 0 at the profiler's start
-    allocator_peak = max(total - offset for t, total, _ in allocations if start <= t <= end)
+    reading = measure.memory.cpu_allocator_reading(prof, "tracked step")
+    assert reading["at_start_bytes"] == measure.memory.state_bytes(model, optimizer) + x.numel() * 4 + y.numel() * 8
+    allocator_peak = reading["peak_bytes"]
     assert tracker.peak_bytes == pytest.approx(allocator_peak, rel=0.01)
 
 

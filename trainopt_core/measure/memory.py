@@ -91,6 +91,38 @@ def ddp_bucket_bytes(model) -> int:
         return storage_bytes(p for p in model.parameters() if p.requires_grad)
 
 
+def cpu_allocator_reading(prof, mark: str) -> dict[str, int]:
+    """What the c10 CPU allocator held in the `record_function(mark)` span of a finished
+    `torch.profiler.profile(profile_memory=True)`: {"at_start_bytes", "peak_bytes"}, counted from
+    the profiler's start (blocks allocated before it are not in the count). An outside check of
+    `MemoryTracker` on a CPU. The profiler sees a free only on a thread it profiles, so a block
+    another thread frees (gloo's workers drop finished collectives' tensors) stays counted: a
+    reading can be high, never low."""
+    from torch._C._profiler import _EventType
+
+    events, spans = [], []  # (time, live bytes after it, size) of every CPU allocation and free
+
+    def walk(node):
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.total_allocated, node.extra_fields.alloc_size))
+        elif node.name == mark:
+            spans.append((node.start_time_ns, node.end_time_ns))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    if len(spans) != 1 or not events:
+        raise ValueError(f"mark={mark!r}: allowed the name of one record_function span in a profile with "
+                         f"profile_memory=True (found {len(spans)} spans, {len(events)} allocations)")
+    events.sort()
+    (start, end), = spans
+    offset = events[0][1] - events[0][2]  # the count is the process's: from 0 where profiling began
+    at_start = max([total - offset for t, total, _ in events if t < start][-1:] or [0])
+    return {"at_start_bytes": at_start,
+            "peak_bytes": max([at_start] + [total - offset for t, total, _ in events if start <= t <= end])}
+
+
 def _parameters_of(model, optimizer) -> list[torch.Tensor]:
     params = list(model.parameters()) if model is not None else []
     if optimizer is not None:
