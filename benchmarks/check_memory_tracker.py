@@ -1,4 +1,4 @@
-"""Check: the CPU live-tensor tracker's peak against the CPU allocator's own count.
+"""Check: the CPU live-tensor tracker against the CPU allocator's own count and glibc's heap.
 
 On a CPU, peak memory comes from `MemoryTracker` (the live storages ops create and autograd
 saves). This script checks it from outside: torch.profiler with `profile_memory=True` records
@@ -13,7 +13,11 @@ up (`--warmup-steps`, 1 as the planner does), then stepped once tracked, all whi
 - DDP (its gradient buckets: a copy of the gradients the reducer allocates in C++);
 - DeepSpeed ZeRO-1 and ZeRO-2 (where DeepSpeed is installed).
 
-Each `--repeats` times, each time in a fresh set of processes. Printed per process: the
+Each `--repeats` times, each time in a fresh set of processes; then once more without the
+profiler (whose own records would count) for a second outside count, blind to no thread: glibc's
+bytes in use (`mallinfo2`), sampled after every op of the tracked step beside the tracker's live
+bytes, the largest rise of each over the step's start (glibc's includes the Python objects and
+malloc overhead the step adds, a fraction of a MiB). Printed per process: the
 tracker's peak, the allocator's peak in the step, the allocator's live bytes when the step
 starts, and the tracker's breakdown.
 
@@ -31,6 +35,9 @@ its own reading can vary between repeats by that block.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import ctypes.util
 import functools
 import gc
 import importlib.util
@@ -38,9 +45,11 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainopt_core import measure
 from trainopt_core.distributed import run_processes
@@ -51,8 +60,48 @@ MARK = "tracked step"
 SETUPS = ("one process's copy", "DDP", "ZeRO-1", "ZeRO-2")
 
 
-def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, count_buckets: bool = True) -> dict:
-    """On this process: the trial of `setup` built, warmed up and stepped once tracked, all profiled."""
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _heap_in_use() -> Callable[[], int] | None:
+    """glibc's bytes in use (`mallinfo2`: heap chunks handed out plus mmapped blocks), every thread's
+    allocations included; None where the C library has no mallinfo2."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    def in_use() -> int:
+        info = libc.mallinfo2()
+        return info.uordblks + info.hblkhd
+    return in_use
+
+
+class _HeapSampler(TorchDispatchMode):
+    """After every op (entered inside the tracker, so the tracker has counted the op's outputs):
+    the largest rise of glibc's bytes in use, and of the tracker's live bytes, over the step's start."""
+
+    def __init__(self, tracker, in_use: Callable[[], int]):
+        super().__init__()
+        self.tracker, self.in_use = tracker, in_use
+        self.heap_start, self.tracker_start = in_use(), tracker.current_bytes
+        self.heap_rise = self.tracker_rise = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.heap_rise = max(self.heap_rise, self.in_use() - self.heap_start)
+        self.tracker_rise = max(self.tracker_rise, self.tracker.current_bytes - self.tracker_start)
+        return out
+
+
+def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, count_buckets: bool = True,
+                  profiled: bool = True) -> dict:
+    """On this process: the trial of `setup` built, warmed up and stepped once tracked, all profiled
+    (`profiled`), or the tracked step's ops sampled for glibc's heap (the profiler's own records
+    would be in it)."""
     if not count_buckets:  # the tracker as it was before it counted DDP's gradient buckets
         from trainopt_core.measure import memory
         memory.ddp_bucket_bytes = lambda model: 0
@@ -81,7 +130,10 @@ def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, co
 
     stage = {"ZeRO-1": 1, "ZeRO-2": 2}.get(setup, 0)
     processes = 1 if setup == SETUPS[0] else world
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof_:
+    with contextlib.ExitStack() as profiling:
+        if profiled:
+            prof_ = profiling.enter_context(torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                                   profile_memory=True))
         # a copy of the share, made while profiled: autograd saves micro-batches (views of it) for
         # backward, so the tracker counts its storage, which the allocator's count must include
         batch = tuple(t.clone() for t in batch)
@@ -89,16 +141,22 @@ def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, co
                       loss_takes_model=True, world_size=processes)
         for _ in range(warmup_steps):
             trial.step()
-        with torch.profiler.record_function(MARK), MemoryTracker(trial.tracked, trial.optimizer) as tracker:
+        in_use = None if profiled else _heap_in_use()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.profiler.record_function(MARK))
+            tracker = stack.enter_context(MemoryTracker(trial.tracked, trial.optimizer))
+            heap = stack.enter_context(_HeapSampler(tracker, in_use)) if in_use else None
             trial.step()
-        tracked = dict(peak=tracker.peak_bytes, breakdown=dict(tracker.breakdown_at_peak))
-        del trial, tracker
+        tracked = dict(peak=tracker.peak_bytes, breakdown=dict(tracker.breakdown_at_peak),
+                       heap_rise=heap.heap_rise if heap else None, tracker_rise=heap.tracker_rise if heap else None)
+        del trial, tracker, heap
         gc.collect()  # freed while profiled: the next setup's count starts clean
-    reading = cpu_allocator_reading(prof_, MARK)
+    reading = cpu_allocator_reading(prof_, MARK) if profiled else dict(peak_bytes=None, at_start_bytes=None)
     return dict(task=task, setup=setup, rank=rank, share=len(batch[0]), model=bundle.model_name,
                 data_source=bundle.data_source, tracker_peak_bytes=tracked["peak"],
                 tracker_breakdown_bytes=tracked["breakdown"], allocator_peak_bytes=reading["peak_bytes"],
-                allocator_live_at_start_bytes=reading["at_start_bytes"])
+                allocator_live_at_start_bytes=reading["at_start_bytes"], heap_rise_bytes=tracked["heap_rise"],
+                tracker_rise_bytes=tracked["tracker_rise"])
 
 
 def main(argv=None) -> int:
@@ -125,6 +183,9 @@ def main(argv=None) -> int:
             repeats = [run_processes(measure_setup, args.processes, args=(task, args.profile, setup, args.warmup_steps,
                                                                         not args.without_buckets),
                                      backend="gloo", threads_per_process=1, timeout_s=600) for _ in range(args.repeats)]
+            heap_run = run_processes(measure_setup, args.processes, args=(task, args.profile, setup, args.warmup_steps,
+                                                                        not args.without_buckets, False),
+                                     backend="gloo", threads_per_process=1, timeout_s=600)
             first = repeats[0]
             if setup == setups[0]:
                 print(f"\n{task}: {first[0]['model']}; {first[0]['data_source']}; fp32, k=2 on "
@@ -133,17 +194,23 @@ def main(argv=None) -> int:
             for rank in range(len(first)):
                 readings = [results[rank] for results in repeats]
                 # the repeat least raised by frees the profiler missed is the comparison's
-                r = dict(min(readings, key=lambda x: x["allocator_peak_bytes"]), repeats=readings)
+                r = dict(min(readings, key=lambda x: x["allocator_peak_bytes"]), repeats=readings,
+                         heap_run=heap_run[rank])
                 tracker, allocator = r["tracker_peak_bytes"], r["allocator_peak_bytes"]
                 parts = ", ".join(f"{k.replace('_', ' ')} {v / MIB:.2f}"
                                   for k, v in r["tracker_breakdown_bytes"].items() if v)
                 spread = max(x["tracker_peak_bytes"] for x in readings) - min(x["tracker_peak_bytes"] for x in readings)
                 pairs = ", ".join(f"{x['tracker_peak_bytes'] / MIB:.2f}/{x['allocator_peak_bytes'] / MIB:.2f} "
                                   f"({x['allocator_live_at_start_bytes'] / MIB:.2f})" for x in readings)
+                heap = heap_run[rank]
+                rises = (None if heap["heap_rise_bytes"] is None else
+                         f"{heap['tracker_rise_bytes'] / MIB:.2f}/{heap['heap_rise_bytes'] / MIB:.2f} MiB (peak "
+                         f"{heap['tracker_peak_bytes'] / MIB:.2f}, unprofiled)")
                 print(f"  {setup:18s} rank {rank}: tracker {tracker / MIB:7.2f} MiB, allocator "
                       f"{allocator / MIB:7.2f} MiB ({(tracker / allocator - 1) * 100:+.2f} %)"
                       + (f"; the tracker's readings spread over {spread / 1024:.1f} KiB" if spread else "")
                       + f"\n      repeats (tracker/allocator, allocator at the step's start): {pairs}"
+                      + (f"\n      rise over the step's start, tracker/glibc heap: {rises}" if rises else "")
                       + f"\n      tracker: {parts}")
                 rows.append(r)
     if args.json:
