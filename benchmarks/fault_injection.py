@@ -154,7 +154,8 @@ def main() -> int:
                 final = None
                 for fault in faults:
                     if fault == "corrupt":
-                        directory = next((out / ".checkpoints").iterdir())
+                        # the run's checkpoint folder, wherever the runner keeps it (beside its curves)
+                        directory = next(next(out.rglob(".checkpoints")).iterdir())
                         newest = max(directory.glob("*.pt"), key=lambda p: p.name)
                         newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
                         continue
