@@ -233,10 +233,13 @@ class MemoryTracker:
             self._weakrefs[key] = weakref.ref(storage, partial(self._on_free, key))
             self._add(record.category, nbytes)
         elif _RANK[category] > _RANK[record.category]:
-            self._add(record.category, -record.nbytes)
-            record.category = category
-            self._add(category, record.nbytes)
+            self._retag(record, category)
         return record
+
+    def _retag(self, record: _Storage, category: str) -> None:
+        self._add(record.category, -record.nbytes)
+        record.category = category
+        self._add(category, record.nbytes)
 
     def _add(self, category: str, nbytes: int) -> None:
         self._bytes_by_category[category] += nbytes
@@ -306,7 +309,8 @@ class MemoryTracker:
 
     def _before_ddp_forward(self, _module, _args) -> None:
         with self._lock:
-            self._keys_before_forward = set(self._records)
+            if _BUCKETS_KEY in self._records:  # the rebuild still to come
+                self._keys_before_forward = set(self._records)
 
     def _after_ddp_pre_forward(self, _module, _args) -> None:
         """DDP rebuilds its buckets once, in the order the gradients arrived, at the first forward
@@ -316,11 +320,8 @@ class MemoryTracker:
             if not self.model._has_rebuilt_buckets or _BUCKETS_KEY not in self._records:
                 return
             for key in set(self._records) - self._keys_before_forward:
-                record = self._records[key]
-                if record.category == "temporaries":
-                    self._add("temporaries", -record.nbytes)
-                    record.category = "communication_buffers"
-                    self._add("communication_buffers", record.nbytes)
+                if self._records[key].category == "temporaries":
+                    self._retag(self._records[key], "communication_buffers")
             self._add("communication_buffers", -self._records.pop(_BUCKETS_KEY).nbytes)
 
     def _optimizer_stepped(self, optimizer, args, kwargs) -> None:
