@@ -92,6 +92,9 @@ class TrainingEngine:
         self._step_items = 0.0
         self._step_samples = 0
         self._global_step_samples = 0
+        # (items, samples) summed over replicas: one buffer for the run, so that no free of it
+        # waits on the collective's thread (a tracked step's peak would then vary by its 16 bytes)
+        self._replica_totals: torch.Tensor | None = None
         self._expected_items = 0.0
         self._grad_norm: torch.Tensor | None = None
         self._loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
@@ -204,8 +207,11 @@ class TrainingEngine:
         so that DDP's average over replicas is the mean over all N items of the global effective
         batch (eq. 4): replica r contributes world_size · S_r / N, S_r its items' gradient sum.
         Returns the weight of the boundary micro-batch's mean loss."""
-        totals = torch.stack([torch.as_tensor(self._step_items + items, dtype=torch.float64, device=self.device),
-                              torch.tensor(float(self._step_samples + samples), dtype=torch.float64, device=self.device)])
+        if self._replica_totals is None:
+            self._replica_totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        totals = self._replica_totals
+        totals[0] = self._step_items + items
+        totals[1] = float(self._step_samples + samples)
         torch.distributed.all_reduce(totals)
         global_items, global_samples = totals.tolist()
         self._global_step_samples = int(round(global_samples))
