@@ -101,9 +101,9 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     only where the run is long enough to earn it back.
     `adaptive_accumulation`: the plan is for variance-aware accumulation (`OptimizationConfig`
     with adaptive=True), where k sets the effective batch k·b of a fixed micro-batch b, so k is
-    chosen by goodput -- samples/s × statistical efficiency -- not by samples/s alone. The
-    splits tried are then those with k >= 2 (eq. 7 needs two micro-batches per step on one
-    process; on more, the first k - 1 time a micro-batch without the all-reduce); the chosen
+    chosen by goodput -- samples/s × statistical efficiency -- not by samples/s alone. On one
+    process the splits tried are then those with k >= 2 (eq. 7 needs two micro-batch gradients
+    per step; on more processes the replicas give them, and k = 1 is tried too); the chosen
     split gives b = batch/k and k_min = k (the effective batch never falls below `batch`); the
     gradient noise scale B_simple of `batch` at the initial weights
     (`noise_scale.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
@@ -123,7 +123,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     returns the same plan. A chosen ZeRO stage runs with `prepare(..., backend="deepspeed")`
     (or "auto"); stage 0 on the DDP-wrapped model. With `adaptive_accumulation` the noise scale
     pools the micro-batches of every process's share, and the gradient all-reduce a step waits
-    for counts in its fixed part, which accumulation spreads over k micro-batches.
+    for counts in its fixed part, which accumulation spreads over k micro-batches (a chosen
+    k = 1 is timed as steps of two micro-batches of its size, to tell the all-reduce apart).
     """
     started = time.perf_counter()
     if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
@@ -140,11 +141,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     for argument, value in (("windows", windows), ("steps_per_window", steps_per_window)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             fail(argument, value, "an integer >= 1")
-    min_k = 2 if adaptive_accumulation else 1
     if adaptive_accumulation and (not isinstance(k_max, int) or isinstance(k_max, bool) or k_max < 2):
         fail("k_max", k_max, "an integer >= 2 (the largest k adaptive accumulation may reach)")
     dist = torch.distributed
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    # eq. 7 needs two micro-batch gradients per step: on one process two micro-batches, on more
+    # the replicas' (one each)
+    min_k = 2 if adaptive_accumulation and world == 1 else 1
     if adaptive_accumulation and (size < 2 or size * world < 6):
         fail("batch", f"a batch of {size}" + (f" on each of {world} processes" if world > 1 else ""),
              "with adaptive_accumulation, >= 6 samples in all (>= 3 micro-batches for the noise scale's interval, "

@@ -22,23 +22,27 @@ def measure_goodput(search: Search, chosen: Candidate, *, k_max: int) -> dict:
     are the slowest process's. A micro-batch's seconds are then those of the first k - 1 (no
     gradient exchange under DDP), and the step's fixed part -- paid once per optimizer step,
     whatever k -- is the boundary plus what the last micro-batch took beyond them: the
-    all-reduce. Under ZeRO-2, which reduces every micro-batch's gradients, the exchange is in
-    every micro-batch's time and accumulation cannot spread it."""
+    all-reduce. A chosen k = 1 has no first micro-batches, so it is timed in steps of two
+    micro-batches of its size (`Search.twin_trial`). Under ZeRO-2, which reduces every
+    micro-batch's gradients, the exchange is in every micro-batch's time and accumulation
+    cannot spread it."""
     search._say("adaptive accumulation: the gradient noise scale, then micro-batch and optimizer-step time")
     world = search.ranks.world_size
     probe = probe_noise_scale(copy.deepcopy(search.model), search.batch, search.loss_fn,
                               loss_takes_model=search.loss_takes_model, across_processes=world > 1)
-    trial = search.trial(chosen)
+    trial = search.twin_trial(chosen) if world > 1 and chosen.k == 1 else search.trial(chosen)
     parts = [trial.split_step(search.device) for _ in range(search.windows * search.steps_per_window)]
     if world > 1:
-        micro_s = statistics.median(first for first, _, _ in parts) / (chosen.k - 1)
+        micro_s = statistics.median(first for first, _, _ in parts) / (trial.candidate.k - 1)
         optimizer_s = statistics.median(boundary + last - micro_s for _, last, boundary in parts)
         micro_s, optimizer_s = search.ranks.max([micro_s, max(optimizer_s, 0.0)])
     else:
         micro_s = statistics.median(first + last for first, last, _ in parts) / chosen.k
         optimizer_s = statistics.median(boundary for _, _, boundary in parts)
-    return goodput_choice(search.rows[chosen], probe.to_dict(), optimizer_s=optimizer_s, micro_s=micro_s,
+    good = goodput_choice(search.rows[chosen], probe.to_dict(), optimizer_s=optimizer_s, micro_s=micro_s,
                           batch_size=search.size, k_max=k_max, world_size=world)
+    good["timed_with_k"] = trial.candidate.k
+    return good
 
 
 def goodput_choice(chosen: dict, noise_scale: dict, *, optimizer_s: float, micro_s: float | None,
@@ -90,6 +94,8 @@ def explain_goodput(good: dict) -> list[str]:
     world = good.get("world_size", 1)
     processes, width = ("", "") if world == 1 else (
         f", on each of {world} processes, the gradient all-reduce counted in the optimizer step", f"{world}·")
+    if good.get("timed_with_k", good["k_min"]) != good["k_min"]:
+        processes += f"; timed in steps of {good['timed_with_k']} micro-batches to tell the all-reduce apart"
     lines = [f"Adaptive accumulation: gradient noise scale B_simple {size_text(noise['b_simple'])} samples "
              f"(95 % interval {size_text(noise['ci_low'])}-{size_text(noise['ci_high'])}) at the initial weights, from "
              f"{noise['micro_batches']} micro-batches of {noise['micro_batch_size']:.3g};",

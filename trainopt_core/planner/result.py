@@ -68,7 +68,8 @@ class Plan:
         if memory_budget_bytes is not None and not memory_budget_bytes > 0:
             fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
         rows = [measured_part(row) for row in self.rows]
-        notes = choose(rows, memory_budget_bytes, weights, min_k=2 if self.goodput else 1, run_samples=self.run_samples)
+        one_process = bool(self.goodput) and self.goodput.get("world_size", 1) == 1
+        notes = choose(rows, memory_budget_bytes, weights, min_k=2 if one_process else 1, run_samples=self.run_samples)
         if not any(row["checkpointing"] is not None and row["peak_memory_bytes"] is not None for row in rows):
             notes.append("Checkpointing was not measured in the plan this one re-chooses from; plan() again "
                          "with this budget to measure it.")

@@ -289,6 +289,17 @@ class Search:
         self._ensure([candidate])
         return self.trials[candidate]
 
+    def twin_trial(self, candidate: Candidate) -> Trial:
+        """A copy of a k = 1 candidate that steps the probe batch twice over in two micro-batches
+        of its size (after a warm-up step), so that a step's first micro-batch, which exchanges no
+        gradients, can be timed apart from the last. Built beside the copies that fit with it."""
+        self._make_room(self.held_bytes[candidate] + self.step_bytes[candidate], keep=())
+        twice = tuple(torch.cat([tensor, tensor]) for tensor in self.batch)
+        trial = Trial(candidate.replace(k=2), self.model, self.optimizer_factory, twice, self.loss_fn, self.device,
+                      self.loss_takes_model, world_size=self.ranks.world_size)
+        trial.step()
+        return trial
+
     def _ensure(self, group: Sequence[Candidate]) -> None:
         """Every copy of `group` built, the others released as far as the group needs the room."""
         missing = [c for c in group if c not in self.trials]
