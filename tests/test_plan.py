@@ -514,3 +514,26 @@ def test_a_clear_best_is_not_timed_again(monkeypatch):
                   windows=3, steps_per_window=1, speed_options=False)
     assert all(row["timed_windows"] == 3 for row in result.rows)
     assert result.chosen["candidate"] == "fp32, k=2"
+
+
+def test_bench_compile_pairs_each_compiled_candidate_with_its_eager_twin():
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench = importlib.import_module("bench_compile")
+
+    def row(name, compile_, sps, impl="default", **extra):
+        return {"candidate": name, "precision": "bf16", "k": 1, "checkpointing": None, "checkpoint_policy": "full",
+                "optimizer_impl": impl, "memory_format": "contiguous", "zero_stage": 0, "compile": compile_,
+                "seconds_per_sample": sps, "speedup": 1e-3 / sps, "speedup_ci_low": 0.9e-3 / sps,
+                "speedup_ci_high": 1.1e-3 / sps, "compile_s": 2.0 if compile_ else None,
+                "speedup_over_run": 0.5 if compile_ else None, **extra}
+    plan = {"rows": [row("bf16, k=1", False, 5e-4), row("bf16, k=1, fused", False, 4e-4, impl="fused"),
+                     row("bf16, k=1, compiled", True, 4e-4, chosen=True),
+                     row("bf16, k=1, fused, compiled", True, 5e-4, impl="fused")]}
+    first, second = bench.compiled_rows(plan)
+    assert first["twin"] == "bf16, k=1" and first["chosen"]
+    assert first["pays_after_samples"] == pytest.approx(2.0 / 1e-4)  # 2 s over 0.1 ms saved per sample
+    assert second["twin"] == "bf16, k=1, fused" and second["pays_after_samples"] is None  # slower: never pays
