@@ -115,9 +115,10 @@ def main(argv=None) -> int:
             for row in rows:
                 pays = row["pays_after_samples"]
                 over_run = "" if row["speedup_over_run"] is None else f"  over the run {row['speedup_over_run']:.2f}x"
+                pays_text = ("no eager twin timed" if row["twin"] is None
+                             else f"pays after {'never' if pays is None else f'{pays:,.0f}'} samples")
                 print(f"    {row['candidate']:50s} compile {row['compile_s']:5.1f} s  {fmt(row['speedup'], row['ci'])}"
-                      f"  eager twin {fmt(row['twin_speedup'], row['twin_ci'])}{over_run}"
-                      f"  pays after {'never' if pays is None else f'{pays:,.0f}'} samples"
+                      f"  eager twin {fmt(row['twin_speedup'], row['twin_ci'])}{over_run}  {pays_text}"
                       f"  {'CHOSEN' if row['chosen'] else (row['rejected_because'] or '')[:60]}")
             out["compiled_rows"] = rows
         report["tasks"][task] = phases
