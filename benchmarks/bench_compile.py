@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from trainopt_core.planner.space import candidate_of  # noqa: E402
 
 
 def child(task: str, profile: str) -> dict:
@@ -50,9 +52,8 @@ def compiled_rows(plan: dict) -> list[dict]:
     for row in plan["rows"]:
         if not row["compile"] or row.get("speedup") is None:
             continue
-        twin = next((r for r in plan["rows"] if not r["compile"] and r.get("speedup") is not None and all(
-            r[key] == row[key] for key in ("precision", "k", "checkpointing", "checkpoint_policy", "optimizer_impl",
-                                            "memory_format", "zero_stage"))), None)
+        eager = candidate_of(row).replace(compile=False)
+        twin = next((r for r in plan["rows"] if r.get("speedup") is not None and candidate_of(r) == eager), None)
         saved = None if twin is None else twin["seconds_per_sample"] - row["seconds_per_sample"]
         out.append({"candidate": row["candidate"], "compile_s": row["compile_s"], "speedup": row["speedup"],
                     "ci": [row["speedup_ci_low"], row["speedup_ci_high"]], "speedup_over_run": row["speedup_over_run"],

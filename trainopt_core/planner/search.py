@@ -253,11 +253,11 @@ class Search:
             self.compile_s += row["compile_s"]
         return trial, tracker, others_bytes, (sum(inputs_bytes) / len(inputs_bytes) if inputs_bytes else None)
 
-    def _built(self, candidate: Candidate) -> tuple[Trial, float]:
+    def _built(self, candidate: Candidate, batch=None) -> tuple[Trial, float]:
         """A new copy of the candidate after one warm-up step (optimizer state allocated, kernels
-        chosen or compiled), and that step's seconds."""
-        trial = Trial(candidate, self.model, self.optimizer_factory, self.batch, self.loss_fn, self.device,
-                      self.loss_takes_model, world_size=self.ranks.world_size)
+        chosen or compiled), and that step's seconds; stepping `batch` (default: the probe batch)."""
+        trial = Trial(candidate, self.model, self.optimizer_factory, self.batch if batch is None else batch,
+                      self.loss_fn, self.device, self.loss_takes_model, world_size=self.ranks.world_size)
         started = time.perf_counter()
         trial.step()
         return trial, time.perf_counter() - started
@@ -295,10 +295,7 @@ class Search:
         gradients, can be timed apart from the last. Built beside the copies that fit with it."""
         self._make_room(self.held_bytes[candidate] + self.step_bytes[candidate], keep=())
         twice = tuple(torch.cat([tensor, tensor]) for tensor in self.batch)
-        trial = Trial(candidate.replace(k=2), self.model, self.optimizer_factory, twice, self.loss_fn, self.device,
-                      self.loss_takes_model, world_size=self.ranks.world_size)
-        trial.step()
-        return trial
+        return self._built(candidate.replace(k=2), batch=twice)[0]
 
     def _ensure(self, group: Sequence[Candidate]) -> None:
         """Every copy of `group` built, the others released as far as the group needs the room."""
