@@ -45,7 +45,8 @@ import torch
 
 from trainopt_core import measure
 from trainopt_core.config import OptimizationConfig
-from trainopt_core.measure.memory import MemoryTracker, resident_bytes
+from trainopt_core.measure.memory import resident_bytes
+from trainopt_core.measure.tracker import MemoryTracker
 from trainopt_core.measure.stats import paired_ratio
 from trainopt_core.measure.timing import interleaved_windows
 from trainopt_core.planner.result import Plan

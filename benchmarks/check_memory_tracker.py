@@ -103,12 +103,13 @@ def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, co
     (`profiled`), or the tracked step's ops sampled for glibc's heap (the profiler's own records
     would be in it)."""
     if not count_buckets:  # the tracker as it was before it counted DDP's gradient buckets
-        from trainopt_core.measure import memory
-        memory.ddp_bucket_bytes = lambda model: 0
+        from trainopt_core.measure import tracker as tracker_module
+        tracker_module.ddp_bucket_bytes = lambda model: 0
 
     from bench_plan_processes import _share_of_the_batch  # this folder is on sys.path when run as a script
 
-    from trainopt_core.measure.memory import MemoryTracker, cpu_allocator_reading
+    from trainopt_core.measure.memory import cpu_allocator_reading
+    from trainopt_core.measure.tracker import MemoryTracker
     from trainopt_core.planner.search import Trial
     from trainopt_core.planner.space import Candidate
     from trainopt_core.reproduction.profiles import get_profile

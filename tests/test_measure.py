@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainopt_core import measure
-from trainopt_core.measure.memory import MemoryTracker, PeakMemory
+from trainopt_core.measure.memory import PeakMemory
+from trainopt_core.measure.tracker import MemoryTracker
 
 
 # ----------------------------------------------------------------------------- time-to-target
@@ -188,14 +189,14 @@ def test_memory_tracker_agrees_with_the_cpu_allocators_own_count():
         with torch.profiler.record_function("tracked step"), MemoryTracker(model, optimizer) as tracker:
             _mlp_step(model, optimizer, x, y)
     reading = measure.memory.cpu_allocator_reading(prof, "tracked step")
-    assert reading["at_start_bytes"] == measure.memory.state_bytes(model, optimizer) + x.numel() * 4 + y.numel() * 8
+    assert reading["at_start_bytes"] == measure.tracker.state_bytes(model, optimizer) + x.numel() * 4 + y.numel() * 8
     allocator_peak = reading["peak_bytes"]
     assert tracker.peak_bytes == pytest.approx(allocator_peak, rel=0.01)
 
 
 def _ddp_tracked_steps(steps: int) -> list[dict]:
     """On each process: an MLP under DDP, `steps` steps each tracked (run by `run_processes`)."""
-    from trainopt_core.measure.memory import ddp_bucket_bytes
+    from trainopt_core.measure.tracker import ddp_bucket_bytes
 
     torch.manual_seed(0)
     model, optimizer, x, y = _mlp()
@@ -387,7 +388,7 @@ def test_cheapest_config_leaves_energy_out_unless_every_record_has_it():
 
 
 def test_state_bytes_counts_weights_gradients_and_optimizer_state_once_each():
-    from trainopt_core.measure.memory import state_bytes
+    from trainopt_core.measure.tracker import state_bytes
 
     model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.Linear(64, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

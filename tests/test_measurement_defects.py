@@ -20,7 +20,8 @@ from trainopt_core.distributed.deepspeed_engine import (
     zero_bucket_sizes,
 )
 from trainopt_core.measure import flops
-from trainopt_core.measure.memory import MemoryTracker, PeakMemory
+from trainopt_core.measure.memory import PeakMemory
+from trainopt_core.measure.tracker import MemoryTracker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

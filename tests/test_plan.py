@@ -320,7 +320,7 @@ def test_without_a_counter_an_energy_weight_is_dropped_and_said():
 
 def _held_bytes_of_one_copy():
     """What one candidate's copy holds between steps: weights and AdamW state (gradients freed)."""
-    from trainopt_core.measure.memory import state_bytes
+    from trainopt_core.measure.tracker import state_bytes
 
     model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

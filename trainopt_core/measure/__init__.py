@@ -3,8 +3,10 @@
 - `timing`: `Timer`, `elapsed_s`, `ThroughputMeter` (items/s after warm-up), `time_to_target`,
   `interleaved_windows` (workloads timed in turn, A, B, A, B ..., in one process).
 - `stats`: mean ± 95 % CI (`summarize`), ratios of paired measurements (`paired_ratio`).
-- `memory`: `PeakMemory` (CUDA allocator peak, or on CPU the live-tensor `MemoryTracker` with a
-  breakdown into parameters, gradients, optimizer state, activations and temporaries).
+- `memory`: `PeakMemory`, a run's peak per training step (CUDA allocator peak, or on CPU the
+  tracked steps') and its evaluations' apart.
+- `tracker`: the live-tensor `MemoryTracker`, one step's peak with a breakdown into parameters,
+  gradients, optimizer state, activations, temporaries and DDP's buckets.
 - `flops`: peak FLOP/s (datasheet or matmul probe, TF32 detected per workload, with its source)
   and `model_flops_utilization` (recompute excluded).
 - `energy`: `EnergyMeter` (NVML / RAPL counters, or None with the reason).
@@ -20,10 +22,11 @@ from .flops import (
     measure_peak_flops, model_flops_utilization, peak_flops, precision_name, tf32_enabled,
 )
 from .manifest import cpu_computes_bf16_natively, cpu_isa, hardware_fingerprint, run_manifest
-from .memory import CATEGORIES as MEMORY_CATEGORIES
-from .memory import MemoryTracker, PeakMemory
+from .memory import PeakMemory
 from .stats import paired_ratio, product_ratio, summarize, t_quantile_975
 from .timing import ThroughputMeter, Timer, elapsed_s, interleaved_windows, synchronize, time_to_target
+from .tracker import CATEGORIES as MEMORY_CATEGORIES
+from .tracker import MemoryTracker
 
 __all__ = [
     "GPU_DATASHEET_FLOPS", "MEMORY_CATEGORIES", "EnergyMeter", "MemoryTracker", "PeakMemory",

@@ -10,7 +10,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..checkpointing import block_sequence, expected_saved_fraction
-from ..measure.memory import MemoryTracker, ddp_bucket_bytes, optimizer_state_tensors, storage_bytes
+from ..measure.tracker import MemoryTracker, ddp_bucket_bytes, optimizer_state_tensors, storage_bytes
 from .space import Candidate
 
 CAPACITY_FRACTION = 0.9   # of a CUDA device's free memory, what the candidates' copies may use (fragmentation)

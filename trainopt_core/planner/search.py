@@ -32,7 +32,8 @@ import torch
 from ..checkpointing import block_sequence, has_block_sequence
 from ..compose import prepare
 from ..measure.energy import EnergyMeter
-from ..measure.memory import MemoryTracker, resident_bytes, state_bytes
+from ..measure.memory import resident_bytes
+from ..measure.tracker import MemoryTracker, state_bytes
 from ..measure.stats import paired_ratio, summarize
 from ..measure.timing import Timer, interleaved_windows
 from .choice import choose, cost_intervals_overlap, measured_part

@@ -174,7 +174,7 @@ def explore(records: list[dict], task: str, config: OptimizationConfig, *, calib
 
 def _why(quantity: str, predicted: float, measured: float, config: OptimizationConfig) -> str:
     """Why a measured value differs from the paper's prediction (or what it is, where the
-    equations have no term for it): what the live-tensor tracker (`measure.memory`) counts in
+    equations have no term for it): what the live-tensor tracker (`measure.tracker`) counts in
     each category at the step's peak, against what eqs. 8/17/19 assume."""
     reduced = config.precision != "fp32"
     missing = measured is None or math.isnan(measured)
