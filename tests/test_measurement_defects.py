@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from trainopt_core import OptimizationConfig, prepare
 from trainopt_core import precision as mp
 from trainopt_core.distributed import deepspeed_config
-from trainopt_core.distributed.deepspeed_engine import (
+from trainopt_core.distributed.ds_config import (
     DEEPSPEED_DEFAULT_BUCKET_ELEMENTS,
     MIN_BUCKET_ELEMENTS,
     zero_bucket_sizes,

@@ -7,8 +7,11 @@
 - `python -m trainopt_core.distributed --nproc N -- ...` (`launch`) wraps torchrun / DeepSpeed.
 - `DeepSpeedTrainingEngine` is what `prepare(..., backend="deepspeed")` returns (ZeRO-0/1/2);
   DeepSpeed itself is imported only when such an engine is built.
+- `ds_config`: the DeepSpeed config an `OptimizationConfig` becomes (`deepspeed_config`), with
+  ZeRO buckets sized to the model, and what a ZeRO stage partitions (`zero_partitioning`).
 """
-from .deepspeed_engine import DeepSpeedTrainingEngine, deepspeed_config, zero_partitioning
+from .ds_config import deepspeed_config, zero_partitioning
+from .deepspeed_engine import DeepSpeedTrainingEngine
 from .launch import build_launch_command, launch_env
 from .process_group import (
     ALLOWED_BACKENDS, DistInfo, all_gather_object, available_cpu_cores, barrier, cleanup, default_backend,
