@@ -13,6 +13,8 @@ from trainopt_core.accumulation import (
     calibrate_sigma_target,
     choose_k,
     estimate_noise,
+    gather_noise_inputs,
+    next_k,
     pool_estimates,
 )
 from trainopt_core.noise_scale import goodput, noise_scale_from_norms, probe_noise_scale
@@ -59,6 +61,31 @@ def test_eq6_chooses_k_and_clips_to_range():
         choose_k(NoiseEstimate(1.0, -0.1, 4, 4), sigma_target=1.0, rule="noise_scale", k_min=2, k_max=8)
     with pytest.raises(ValueError, match="rule='eq6'"):
         choose_k(est, sigma_target=1.0, rule="eq6", k_min=2, k_max=8)
+
+
+def test_next_k_holds_until_the_estimate_can_move_k_then_calibrates_once_and_follows_eq6():
+    rule_args = dict(k_min=2, k_max=16)
+    few = NoiseEstimate(9.0, 1.0, 4, 4, steps=MIN_POOLED_STEPS - 1, grad_sq_half_width=0.1)
+    noisy = NoiseEstimate(9.0, 1.0, 4, 4, steps=MIN_POOLED_STEPS, grad_sq_half_width=2.0)  # |G|² interval reaches 0
+    clear = NoiseEstimate(9.0, 1.0, 4, 4, steps=MIN_POOLED_STEPS, grad_sq_half_width=0.5)
+    assert next_k(None, k=4, sigma_target=None, rule="variance", **rule_args) == (
+        4, None, f"held: fewer than {MIN_POOLED_STEPS} steps pooled")
+    assert next_k(few, k=4, sigma_target=1.0, rule="variance", **rule_args)[::2] == (
+        4, f"held: fewer than {MIN_POOLED_STEPS} steps pooled")
+    assert next_k(noisy, k=4, sigma_target=None, rule="noise_scale", **rule_args) == (
+        4, None, "held: |G|² not significant")
+    # the variance reading needs σ² only: it acts on the same estimate, calibrated to keep k there
+    k, target, why = next_k(noisy, k=4, sigma_target=None, rule="variance", **rule_args)
+    assert (k, why) == (4, "eq. 6") and target == pytest.approx(calibrate_sigma_target(noisy, rule="variance", k=4))
+    # a configured target is kept, and eq. 6 decides with it
+    assert next_k(clear, k=4, sigma_target=1.5, rule="variance", **rule_args) == (4, 1.5, "eq. 6")
+    assert next_k(clear, k=4, sigma_target=1.0, rule="variance", **rule_args) == (9, 1.0, "eq. 6")
+    assert next_k(clear, k=4, sigma_target=2.0, rule="noise_scale", **rule_args) == (3, 2.0, "eq. 6")
+
+
+def test_gather_noise_inputs_on_one_process_returns_them_as_they_are():
+    micro = [(1.0, 4.0), (2.0, 3.0)]
+    assert gather_noise_inputs(5.0, micro, world_size=1, device=torch.device("cpu")) == (5.0, micro)
 
 
 def test_linear_regression_noise_estimates_match_analytic_values():

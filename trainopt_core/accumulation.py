@@ -153,6 +153,44 @@ def calibrate_sigma_target(estimate: NoiseEstimate, *, rule: str, k: int) -> flo
     return math.sqrt(estimate.sigma_sq / (k * unit))
 
 
+def next_k(estimate: NoiseEstimate | None, *, k: int, sigma_target: float | None, rule: str, k_min: int,
+           k_max: int) -> tuple[int, float | None, str]:
+    """After a step: (the next step's k, sigma_target, why), from the pooled `estimate`.
+
+    k holds while fewer than MIN_POOLED_STEPS steps are pooled, and under the noise-scale reading
+    while |G|² is not significant (the reading would act on noise; the variance reading needs σ²
+    only, which every step has). Otherwise eq. 6 chooses, with sigma_target calibrated at the
+    first such estimate when none was configured (`calibrate_sigma_target`, at the current k)."""
+    if estimate is None or estimate.steps < MIN_POOLED_STEPS:
+        return k, sigma_target, f"held: fewer than {MIN_POOLED_STEPS} steps pooled"
+    if rule == "noise_scale" and not estimate.significant:
+        return k, sigma_target, "held: |G|² not significant"
+    if sigma_target is None:
+        sigma_target = calibrate_sigma_target(estimate, rule=rule, k=k)
+    return choose_k(estimate, sigma_target=sigma_target, rule=rule, k_min=k_min, k_max=k_max), sigma_target, "eq. 6"
+
+
+def gather_noise_inputs(grad_sq: float, micro: list[tuple[float, float]], *, world_size: int,
+                        device: torch.device) -> tuple[float, list[tuple[float, float]]]:
+    """Rank 0's |G_acc|² and every replica's (|g_j|², items) per micro-batch, in rank order.
+
+    The hooked norms are per-process; the accumulated gradient is the global mean after the
+    boundary all-reduce, so replicas add draws to eq. 7's sample of micro-batch gradients. Every
+    rank then runs eqs. 6-7 on the same gathered numbers -- rank 0's |G_acc|² too, in case the
+    replicas' reduced gradients differ in the last bit -- so all pick the same k. One process:
+    the inputs as they are."""
+    if not (world_size > 1 and torch.distributed.is_initialized()):
+        return grad_sq, micro
+    # One float64 all_gather of rows [|G_acc|², 0], (|g_j|², n_j)...: the replicas agree on k,
+    # so the shapes match. Tensors, not all_gather_object: torch's object collectives need
+    # numpy, which an install of torch alone does not have.
+    local = torch.tensor([(grad_sq, 0.0), *micro], dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(local) for _ in range(world_size)]
+    torch.distributed.all_gather(gathered, local)
+    rows = [rank_rows.tolist() for rank_rows in gathered]
+    return rows[0][0][0], [(sq, items) for rank_rows in rows for sq, items in rank_rows[1:]]
+
+
 def _norm_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 

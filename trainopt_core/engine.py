@@ -25,7 +25,7 @@ import torch
 
 from . import precision as mp
 from ._caller import warn_at_caller
-from .accumulation import MIN_POOLED_STEPS, GradientNoiseMonitor, NoiseEstimate, calibrate_sigma_target, choose_k
+from .accumulation import GradientNoiseMonitor, NoiseEstimate, gather_noise_inputs, next_k
 from .config import OptimizationConfig
 from .schedule import clip_gradients, make_schedule, remember_base_lrs, set_lr
 
@@ -299,45 +299,13 @@ class TrainingEngine:
         self._lr_multiplier = self._multiplier(samples_after_step, effective_batch_size)
         set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
 
-    def _gather_noise_inputs(self) -> tuple[float, list[tuple[float, float]]]:
-        """Rank 0's |G_acc|² and every replica's (|g_j|², items) per micro-batch, in rank order."""
-        micro, grad_sq = self.monitor.micro_norms(), float(self._grad_norm) ** 2
-        if not (self.world_size > 1 and torch.distributed.is_initialized()):
-            return grad_sq, micro
-        # One float64 all_gather of rows [|G_acc|², 0], (|g_j|², n_j)...: the replicas agree on k,
-        # so the shapes match. Tensors, not all_gather_object: torch's object collectives need
-        # numpy, which an install of torch alone does not have.
-        local = torch.tensor([(grad_sq, 0.0), *micro], dtype=torch.float64, device=self.device)
-        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
-        torch.distributed.all_gather(gathered, local)
-        rows = [rank_rows.tolist() for rank_rows in gathered]
-        return rows[0][0][0], [(sq, items) for rank_rows in rows for sq, items in rank_rows[1:]]
-
     def _update_k(self) -> None:
-        # The hooked norms are per-process; the accumulated gradient is the global mean after the
-        # boundary all-reduce, so replicas add draws to eq. 7's sample of micro-batch gradients.
-        # Every rank then runs eqs. 6-7 on the same gathered numbers -- rank 0's |G_acc|² too,
-        # in case the replicas' reduced gradients differ in the last bit -- so all pick the same k.
-        grad_sq, micro = self._gather_noise_inputs()
-        estimate = self.monitor.finish_step(grad_sq, micro)
-        if estimate is None or estimate.steps < MIN_POOLED_STEPS:
-            self.k_reason = f"held: fewer than {MIN_POOLED_STEPS} steps pooled"
-            return
-        if self.config.k_rule == "noise_scale" and not estimate.significant:
-            # |G|² not known to be positive: the noise-scale reading would act on noise, so k
-            # stays (and says why). The variance reading needs σ² only, which every step has.
-            self.k_reason = "held: |G|² not significant"
-            return
-        if self.sigma_target is None:
-            self.sigma_target = calibrate_sigma_target(estimate, rule=self.config.k_rule, k=self.k)
-        self.k = choose_k(
-            estimate,
-            sigma_target=self.sigma_target,
-            rule=self.config.k_rule,
-            k_min=self.config.k_min,
-            k_max=self.config.k_max,
-        )
-        self.k_reason = "eq. 6"
+        """Eq. 6 after a step, on the micro-batch norms of every replica (the same on all ranks)."""
+        grad_sq, micro = gather_noise_inputs(float(self._grad_norm) ** 2, self.monitor.micro_norms(),
+                                             world_size=self.world_size, device=self.device)
+        self.k, self.sigma_target, self.k_reason = next_k(
+            self.monitor.finish_step(grad_sq, micro), k=self.k, sigma_target=self.sigma_target,
+            rule=self.config.k_rule, k_min=self.config.k_min, k_max=self.config.k_max)
 
     # ------------------------------------------------------------------ state
     @property
