@@ -9,16 +9,15 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import trainopt_core.checkpointing as ckpt
 from trainopt_core.checkpointing import (
-    SavedTensorMeter,
     apply_activation_checkpointing,
     block_sequence,
     checkpoint_plan,
     expected_saved_fraction,
     remove_activation_checkpointing,
     resolve_segments,
-    saved_activation_bytes,
     segment_boundaries,
 )
+from trainopt_core.measure.activations import SavedTensorMeter, saved_activation_bytes
 
 
 @pytest.fixture(autouse=True)

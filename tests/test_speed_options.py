@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from trainopt_core import prepare
-from trainopt_core.checkpointing import apply_activation_checkpointing, saved_activation_bytes
+from trainopt_core.checkpointing import apply_activation_checkpointing
+from trainopt_core.measure.activations import saved_activation_bytes
 from trainopt_core.compose import use_optimizer_impl
 from trainopt_core.config import OptimizationConfig, with_precision
 

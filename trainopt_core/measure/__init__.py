@@ -7,6 +7,8 @@
   tracked steps') and its evaluations' apart.
 - `tracker`: the live-tensor `MemoryTracker`, one step's peak with a breakdown into parameters,
   gradients, optimizer state, activations, temporaries and DDP's buckets.
+- `activations`: bytes autograd saves for backward (`saved_activation_bytes`, `SavedTensorMeter`):
+  eq. 18's activations, and what checkpointing leaves of them.
 - `flops`: peak FLOP/s (datasheet or matmul probe, TF32 detected per workload, with its source)
   and `model_flops_utilization` (recompute excluded).
 - `energy`: `EnergyMeter` (NVML / RAPL counters, or None with the reason).
