@@ -25,7 +25,7 @@ import torch
 
 from trainopt_core.measure.stats import paired_ratio
 from trainopt_core.measure.timing import interleaved_windows
-from trainopt_core.planner.search import Trial
+from trainopt_core.planner.trial import Trial
 from trainopt_core.planner.space import candidate_of
 from trainopt_core.reproduction.autoplan import plan_task
 from trainopt_core.reproduction.profiles import get_profile

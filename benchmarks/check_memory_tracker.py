@@ -110,7 +110,7 @@ def measure_setup(task: str, profile: str, setup: str, warmup_steps: int = 1, co
 
     from trainopt_core.measure.memory import cpu_allocator_reading
     from trainopt_core.measure.tracker import MemoryTracker
-    from trainopt_core.planner.search import Trial
+    from trainopt_core.planner.trial import Trial
     from trainopt_core.planner.space import Candidate
     from trainopt_core.reproduction.profiles import get_profile
     from trainopt_core.reproduction.tasks import build_task

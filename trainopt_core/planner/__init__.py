@@ -46,6 +46,7 @@ The stages are `plan()` below; the parts, one per module:
     search.py     measuring them: a copy per candidate (released and built again where the
                   device's memory is short), memory, probe-batch loss, interleaved timing
                   windows paired with the baseline's, in groups that fit
+    trial.py      one candidate's copy: built through prepare(), its probe loss, its steps
     ranks.py      on more than one process: every measurement agreed before it decides
     memory_model.py  eqs. 8/19 calibrated on the baseline's step, which prune before building
     choice.py     eq. 3 under the budget, and why each other candidate lost

@@ -1,0 +1,97 @@
+"""One candidate of a `plan()` call on its own copy of the model and optimizer, stepping the
+probe batch through the engine `prepare()` builds for the candidate's configuration: its probe
+loss at the initial weights, whole steps, and steps timed in parts (`split_step`).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+
+from ..compose import prepare
+from ..measure.timing import Timer
+from .space import Candidate
+
+
+def _micro_batches(batch: Sequence[torch.Tensor], k: int) -> list[tuple[torch.Tensor, ...]]:
+    return list(zip(*(tensor.chunk(k) for tensor in batch)))
+
+
+class Trial:
+    """One candidate on its own copy of the model and optimizer, stepping the probe batch. On
+    `world_size` > 1 processes the copy trains data parallel: DDP at ZeRO stage 0, else a
+    DeepSpeed engine at the candidate's stage. `model` is the copy's module, `tracked` what memory
+    is tracked on (the module, or its DDP wrapper, whose gradient buckets count), `forward` what
+    the forward runs through (the module, DDP or DeepSpeed)."""
+
+    def __init__(self, candidate: Candidate, model, optimizer_factory, batch, loss_fn, device, loss_takes_model=False,
+                 world_size: int = 1):
+        self.candidate = candidate
+        self.loss_takes_model = loss_takes_model
+        self.model = copy.deepcopy(model)
+        wrapped, backend = self.model, "torch"
+        if candidate.zero_stage:
+            backend = "deepspeed"
+        elif world_size > 1:
+            ids = None  # a CPU module
+            if device.type == "cuda":
+                ids = [device.index if device.index is not None else torch.cuda.current_device()]
+            wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.tracked = wrapped
+        self.optimizer = optimizer_factory(self.model.parameters())
+        self.size = len(batch[0])
+        self.micro = _micro_batches(batch, candidate.k)
+        self.loss_fn = loss_fn
+        self.engine = prepare(wrapped, self.optimizer, candidate.config(), micro_batch_size=self.size // candidate.k,
+                              device=device, world_size=world_size, backend=backend)
+        self.forward = self.engine.model
+        self.first_loss = self._probe_loss()
+
+    def _loss(self, micro) -> tuple[torch.Tensor, float]:
+        with self.engine.autocast():
+            if self.loss_takes_model:
+                out = self.loss_fn(self.forward, *micro)
+            else:
+                *inputs, target = micro
+                out = self.loss_fn(self.forward(*inputs), target)
+        return out if isinstance(out, tuple) else (out, len(micro[-1]))
+
+    def _probe_loss(self) -> float:
+        """The probe batch's mean loss at the initial weights (the same for every candidate), in
+        this candidate's precision and micro-batches, micro-batches weighted by their items. In
+        eval mode: dropout masks and BatchNorm's per-micro-batch statistics would make it differ
+        between candidates for reasons that are not numerical."""
+        training = self.forward.training
+        self.forward.eval()
+        try:
+            with torch.no_grad():
+                parts = [self._loss(micro) for micro in self.micro]
+        finally:
+            self.forward.train(training)
+        return sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
+
+    def _backward(self, micro) -> None:
+        loss, items = self._loss(micro)
+        self.engine.backward(loss, num_items=items)
+
+    def step(self) -> float:
+        """One optimizer step over the whole probe batch; returns the samples it processed."""
+        for micro in self.micro:
+            self._backward(micro)
+            self.engine.step()
+        return float(self.size)
+
+    def split_step(self, device) -> tuple[float, float, float]:
+        """One optimizer step, timed in three parts: seconds of its first k - 1 micro-batches, of
+        the last (whose backward, data parallel, also waits for the gradients' all-reduce), and of
+        the boundary -- unscale, clip, optimizer update, zero_grad."""
+        with Timer(device) as whole:
+            with Timer(device) as first:
+                for micro in self.micro[:-1]:
+                    self._backward(micro)
+                    self.engine.step()  # not a boundary: returns at once
+            self._backward(self.micro[-1])
+            with Timer(device) as boundary:
+                self.engine.step()
+        return first.elapsed_s, whole.elapsed_s - first.elapsed_s - boundary.elapsed_s, boundary.elapsed_s
