@@ -16,6 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainopt_core.reproduction import profiles, runner  # noqa: E402
 from trainopt_core.reproduction.data import images  # noqa: E402
 
+if len(sys.argv) < 2 or sys.argv[1] not in profiles.TASKS:
+    sys.exit(f"task={sys.argv[1] if len(sys.argv) > 1 else None!r} is invalid: allowed one of {sorted(profiles.TASKS)}\n"
+             + __doc__)
 task = sys.argv[1]
 settings = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
 style = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
