@@ -62,7 +62,7 @@ from typing import Callable, Sequence
 import torch
 
 from .._errors import fail
-from .adaptive import adaptive_config, measure_goodput
+from .adaptive import adaptive_config, measure_goodput, smallest_k
 from .choice import check_weights, choose, helps, pareto_front
 from .memory_model import zero_saving_bytes
 from .result import Plan
@@ -146,9 +146,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         fail("k_max", k_max, "an integer >= 2 (the largest k adaptive accumulation may reach)")
     dist = torch.distributed
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    # eq. 7 needs two micro-batch gradients per step: on one process two micro-batches, on more
-    # the replicas' (one each)
-    min_k = 2 if adaptive_accumulation and world == 1 else 1
+    min_k = smallest_k(adaptive_accumulation, world)
     if adaptive_accumulation and (size < 2 or size * world < 6):
         fail("batch", f"a batch of {size}" + (f" on each of {world} processes" if world > 1 else ""),
              "with adaptive_accumulation, >= 6 samples in all (>= 3 micro-batches for the noise scale's interval, "

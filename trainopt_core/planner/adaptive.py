@@ -13,6 +13,13 @@ from .search import Search
 from .space import Candidate
 
 
+def smallest_k(adaptive_accumulation: bool, world_size: int) -> int:
+    """The fewest micro-batches per step a plan may choose: eq. 7 needs two micro-batch gradients
+    per step under adaptive accumulation -- on one process two micro-batches, on more the
+    replicas' (one each)."""
+    return 2 if adaptive_accumulation and world_size == 1 else 1
+
+
 def measure_goodput(search: Search, chosen: Candidate, *, k_max: int) -> dict:
     """The noise scale of the probe batch at the initial weights and the chosen candidate's
     micro-batch and optimizer-step seconds (medians over windows × steps_per_window steps), then

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..config import OptimizationConfig
-from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text
+from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text, smallest_k
 from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval
 from .._errors import fail
 from .space import candidate_of
@@ -68,8 +68,8 @@ class Plan:
         if memory_budget_bytes is not None and not memory_budget_bytes > 0:
             fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
         rows = [measured_part(row) for row in self.rows]
-        one_process = bool(self.goodput) and self.goodput.get("world_size", 1) == 1
-        notes = choose(rows, memory_budget_bytes, weights, min_k=2 if one_process else 1, run_samples=self.run_samples)
+        min_k = smallest_k(bool(self.goodput), self.goodput.get("world_size", 1) if self.goodput else 1)
+        notes = choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=self.run_samples)
         if not any(row["checkpointing"] is not None and row["peak_memory_bytes"] is not None for row in rows):
             notes.append("Checkpointing was not measured in the plan this one re-chooses from; plan() again "
                          "with this budget to measure it.")
