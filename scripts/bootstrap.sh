@@ -3,7 +3,9 @@
 # An already-active environment that imports trainopt_core with its extras is used as it is;
 # otherwise a local .venv/ in the checkout is created (once) and reused.
 _trainopt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-_trainopt_stamp_src="$(cat "$_trainopt_root/pyproject.toml" | sha256sum | cut -c1-16)"
+_trainopt_pins="$_trainopt_root/constraints.txt"
+# a changed pyproject.toml or constraints.txt installs again
+_trainopt_stamp_src="$(cat "$_trainopt_root/pyproject.toml" "$_trainopt_pins" 2>/dev/null | sha256sum | cut -c1-16)"
 
 _trainopt_ready() {
     python - <<'PY' >/dev/null 2>&1
@@ -11,6 +13,14 @@ import importlib, sys
 for name in ("trainopt_core", "torch", "torchvision", "transformers", "papermill", "nbval", "pytest", "deepspeed", "seaborn"):
     importlib.import_module(name)
 PY
+}
+
+# pip install "$@" at the releases the tests passed with (constraints.txt); where those cannot be
+# installed (another Python, another platform), the newest releases pyproject.toml allows
+_trainopt_pip_install() {
+    python -m pip install -q -c "$_trainopt_pins" "$@" >&2 && return 0
+    echo "[trainopt] the pinned releases in constraints.txt do not install here; installing the newest releases pyproject.toml allows (the tests passed with the pinned ones)" >&2
+    python -m pip install -q "$@" >&2
 }
 
 if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || ! _trainopt_ready; then
@@ -30,11 +40,11 @@ if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || ! _trainopt_ready; then
         fi
         python -m pip install -q --upgrade pip >&2
         # torch/torchvision as one pair: mismatched builds fail to import torchvision
-        python -m pip install -q "torch==2.14.1" "torchvision==0.29.1" >&2 \
+        _trainopt_pip_install "torch==2.14.1" "torchvision==0.29.1" \
             || python -m pip install -q torch torchvision >&2 || { echo "[trainopt] torch install failed" >&2; return 1 2>/dev/null || exit 1; }
-        python -m pip install -q -e "$_trainopt_root[dev]" >&2 || { echo "[trainopt] install failed" >&2; return 1 2>/dev/null || exit 1; }
+        _trainopt_pip_install -e "$_trainopt_root[dev]" || { echo "[trainopt] install failed" >&2; return 1 2>/dev/null || exit 1; }
         python -m ipykernel install --sys-prefix --name python3 >/dev/null 2>&1 || true
         echo "$_trainopt_stamp_src" > "$_trainopt_root/.venv/.trainopt-stamp"
     fi
 fi
-unset -f _trainopt_ready
+unset -f _trainopt_ready _trainopt_pip_install

@@ -15,6 +15,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 import trainopt_core
 
@@ -128,3 +130,40 @@ def test_base_install_needs_torch_and_small_helpers_only():
     assert EXTRA_ONLY <= _requirement_names(extras["reproduction"])
     # the README's commands install `dev`, which must bring every extra
     assert re.search(r"trainopt\[(?=[^\]]*reproduction)(?=[^\]]*deepspeed)(?=[^\]]*notebooks)", " ".join(extras["dev"]))
+
+
+def _pinned_releases() -> dict[str, str]:
+    lines = [line.strip() for line in (REPO / "constraints.txt").read_text().splitlines()]
+    pins = [line.split("==") for line in lines if line and not line.startswith("#")]
+    assert all(len(pin) == 2 and pin[1] for pin in pins), [pin for pin in pins if len(pin) != 2]
+    names = [canonicalize_name(name) for name, _version in pins]
+    assert len(names) == len(set(names)), "a package pinned twice"
+    return {canonicalize_name(name): version for name, version in pins}
+
+
+def test_pinned_releases_meet_every_requirement_the_package_names():
+    # bootstrap.sh installs under constraints.txt and falls back to unpinned releases when the
+    # pinned install fails: a pin missing, or outside pyproject.toml's specifier, would make the
+    # fresh-clone install quietly leave the releases the tests passed with
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [Requirement(r) for r in project["dependencies"]
+                    + [r for extra in project["optional-dependencies"].values() for r in extra]]
+    pins = _pinned_releases()
+    for requirement in requirements:
+        name = canonicalize_name(requirement.name)
+        if name == canonicalize_name(project["name"]):  # the extras naming each other
+            continue
+        assert name in pins, f"{requirement.name} is required but not pinned in constraints.txt"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (requirement, pins[name])
+
+
+def test_every_install_path_uses_the_pinned_releases():
+    pins = _pinned_releases()
+    bootstrap = (REPO / "scripts" / "bootstrap.sh").read_text()
+    environment = (REPO / "environment.yml").read_text()
+    assert 'install -q -c "$_trainopt_pins"' in bootstrap and "/constraints.txt" in bootstrap
+    assert re.search(r"^\s*- -c constraints\.txt\b", environment, re.M)
+    # the torch pair both install first agrees with the pins
+    for text in (bootstrap, environment):
+        assert dict(re.findall(r"(torch|torchvision)==([\w.]+)", text)) == {
+            "torch": pins["torch"], "torchvision": pins["torchvision"]}
