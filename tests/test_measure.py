@@ -405,3 +405,18 @@ def test_state_bytes_counts_weights_gradients_and_optimizer_state_once_each():
     tied = nn.Linear(16, 16, bias=False)
     twice = nn.ModuleList([tied, tied])  # a shared module's storage is counted once
     assert state_bytes(twice) == 16 * 16 * 4
+
+
+def test_manifest_lists_installed_releases_that_differ_from_the_pins(tmp_path):
+    from trainopt_core.measure.manifest import _releases_off_pins
+
+    assert _releases_off_pins(tmp_path) is None  # no constraints.txt: installed from a wheel
+    installed = importlib.metadata.version("torch")
+    (tmp_path / "constraints.txt").write_text(
+        "# the releases the tests passed with\n"
+        "torch==0.0.1\n"                                        # installed at another release
+        f"psutil=={importlib.metadata.version('psutil')}\n"     # at its pin
+        "no-such-package-here==1.0  # not installed: not listed\n")
+    assert _releases_off_pins(tmp_path) == {"torch": installed}
+    # this checkout's own pins: a dict either way (empty where the environment is the pinned one)
+    assert isinstance(measure.run_manifest()["releases_off_pins"], dict)

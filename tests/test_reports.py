@@ -358,6 +358,19 @@ def test_resolve_reports_dir_is_relative_to_the_notebooks_folder(tmp_path, monke
     assert reports.resolve_reports_dir(tmp_path / "elsewhere") == tmp_path / "elsewhere"
 
 
+def test_index_says_which_runs_ran_on_releases_other_than_the_pins():
+    from trainopt_core.reporting.index import describe_manifest
+
+    pinned, other, older = make_record(seed=0), make_record(seed=1), make_record(seed=2)
+    pinned["manifest"]["releases_off_pins"] = {}
+    other["manifest"]["releases_off_pins"] = {"pandas": "9.0"}
+    key = "Pinned releases (constraints.txt)"
+    assert describe_manifest([pinned])[key] == "every installed package at its pin"
+    assert describe_manifest([pinned, other])[key] == "installed at other releases: pandas 9.0"
+    assert describe_manifest([older])[key] == "not recorded"  # a record from before the field
+    assert describe_manifest([pinned, older])[key] == "every installed package at its pin (1 of 2 runs recorded it)"
+
+
 def test_hardware_line_names_gpus_of_cuda_runs_and_the_cpu_otherwise():
     from trainopt_core.reporting.index import describe_hardware
 

@@ -111,6 +111,25 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _releases_off_pins(checkout: Path | None = None) -> dict[str, str] | None:
+    """The installed packages whose release differs from the checkout's constraints.txt (the
+    releases the test suite passed with), each with the release installed: {} when every pinned
+    package that is installed is at its pin; None without the file (installed from a wheel).
+    Pinned packages that are not installed (an extra left out, no CUDA libraries) are not listed."""
+    checkout = checkout or Path(__file__).resolve().parents[2]  # trainopt_core/measure/ -> the checkout
+    try:
+        lines = (checkout / "constraints.txt").read_text().splitlines()
+    except OSError:
+        return None
+    off = {}
+    for line in lines:
+        name, pinned_sep, pinned = line.split("#", 1)[0].strip().partition("==")
+        installed = _version(name) if pinned_sep else None
+        if installed is not None and installed != pinned:
+            off[name] = installed
+    return off
+
+
 def _gpus() -> list[dict]:
     if not torch.cuda.is_available():
         return []
@@ -138,6 +157,9 @@ def _gpus() -> list[dict]:
 
 def run_manifest(profile: str | None = None, device: torch.device | str | None = None, **fields) -> dict:
     """Hardware, library versions, git commit and UTC date of this run (no host name).
+
+    releases_off_pins: the installed packages at another release than constraints.txt pins ({}:
+    none; None outside a checkout).
 
     git: the commit of this package's checkout (`git rev-parse HEAD`) and whether tracked files
     differ from it (`dirty`; untracked files and the outputs under reports/ are ignored); both
@@ -167,6 +189,7 @@ def run_manifest(profile: str | None = None, device: torch.device | str | None =
             "python": platform.python_version(),
             **{name: _version(name) for name in ("torch", "torchvision", "transformers", "deepspeed", "numpy")},
         },
+        "releases_off_pins": _releases_off_pins(),
         "git": _git_state(),
         **fields,
     }
