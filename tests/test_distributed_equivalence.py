@@ -360,6 +360,12 @@ SINGLE_PROCESS_SCRIPT = textwrap.dedent("""
         print("bare module forward:", err)
     engine.close()
     print("group after close:", torch.distributed.is_initialized())
+    engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01), OptimizationConfig(zero_stage=2),
+                     total_samples=100, micro_batch_size=2, backend="deepspeed")
+    engine.backward(F.mse_loss(engine.model(torch.randn(2, 4)), torch.zeros(2, 2)))
+    engine.step()
+    print("second engine steps:", engine.optimizer_steps)
+    engine.close()
     from deepspeed.accelerator import get_accelerator
     try:
         engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01), OptimizationConfig(precision="fp16"),
@@ -382,6 +388,9 @@ def test_deepspeed_engine_runs_one_process_without_a_launcher():
     assert "steps: 2 world: 1" in out
     assert "bare module forward: backward() without a forward through engine.model" in out
     assert "group after close: False" in out
+    # a second engine in the same process, after the first closed its group (DeepSpeed's cached
+    # groups released with it)
+    assert "second engine steps: 1" in out
     # fp16 needs an accelerator with fp16: refused with the alternative named, or run at 2^16
     assert ("fp16 refused:" in out and "allowed 'fp32' or 'bf16'" in out and out.rstrip().endswith("False")) or \
         ("fp16 loss scale: 65536.0 True" in out)

@@ -351,7 +351,12 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._forward_hook.remove()
         self.ds_engine.destroy()
         if self._owns_process_group and torch.distributed.is_initialized():
-            cleanup()  # gloo's workers given time to drop the last works (see process_group.cleanup)
+            # gloo's workers given time to drop the last works (see process_group.cleanup); the
+            # group destroyed through deepspeed.comm, which also drops DeepSpeed's cached groups
+            # (its clone of the world group among them): destroyed behind its back, a later engine
+            # in this process found them unregistered ("Group ... is not registered")
+            from deepspeed import comm as ds_comm
+            cleanup(destroy=ds_comm.destroy_process_group)
             self._owns_process_group = False
 
 

@@ -17,7 +17,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -225,8 +225,9 @@ def all_gather_object(obj: Any) -> list[Any]:
     return gathered
 
 
-def cleanup() -> None:
-    """Destroy the process group if one exists (safe to call more than once).
+def cleanup(destroy: Callable[[], Any] | None = None) -> None:
+    """Destroy the process group if one exists (safe to call more than once), with `destroy`
+    when given (default `torch.distributed.destroy_process_group`).
 
     A gloo group first gets GLOO_SETTLE_S with the GIL released: gloo's worker threads drop a
     finished collective's work object, and with it the tensors Python handed it, a moment after
@@ -237,4 +238,4 @@ def cleanup() -> None:
     if dist.is_initialized():
         if dist.get_backend() == "gloo":
             time.sleep(GLOO_SETTLE_S)
-        dist.destroy_process_group()
+        (destroy or dist.destroy_process_group)()
