@@ -83,15 +83,18 @@ def describe_manifest(records: list[dict]) -> dict[str, str]:
     dates = sorted(str(m.get("date_utc") or m.get("date")) for m in manifests if m.get("date_utc") or m.get("date"))
     off_pins = [m["releases_off_pins"] for m in manifests if isinstance(m.get("releases_off_pins"), dict)]
     off = sorted({f"{name} {version}" for found in off_pins for name, version in found.items()})
+    if not off_pins:
+        pinned = "not recorded"
+    else:
+        pinned = f"installed at other releases: {', '.join(off)}" if off else "every installed package at its pin"
+        if len(off_pins) < len(manifests):
+            pinned += f" ({len(off_pins)} of {len(manifests)} runs recorded it)"
     return {
         "Data": distinct(r.get("data_source") for r in records),
         "Models": distinct(r.get("model_name") for r in records),
         "Hardware": distinct(describe_hardware(m) for m in manifests),
         "Versions": ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in sorted(versions.items())) or "—",
-        "Pinned releases (constraints.txt)": (
-            "not recorded" if not off_pins else "every installed package at its pin" if not off
-            else f"installed at other releases: {', '.join(off)}") + (
-            f" ({len(off_pins)} of {len(manifests)} runs recorded it)" if off_pins and len(off_pins) < len(manifests) else ""),
+        "Pinned releases (constraints.txt)": pinned,
         "Git commit": distinct(commits),
         "Date (UTC)": (dates[0] if dates[0] == dates[-1] else f"{dates[0]} … {dates[-1]}") if dates else "—",
         "Runs": f"{len(records)} complete record(s): " + distinct(
