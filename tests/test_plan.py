@@ -411,6 +411,20 @@ def test_the_memory_model_credits_checkpointing_every_block_with_what_it_saves()
         assert row["predicted_memory_bytes"] <= row["peak_memory_bytes"]
 
 
+def test_the_memory_model_counts_the_recomputed_segments_input_once():
+    from trainopt_core.planner.memory_model import predict
+    from trainopt_core.planner.space import Candidate
+
+    # 10 blocks of 100 saved bytes per sample, each block's input 40 of them (β = 0.4)
+    calibration = {"fixed_bytes": 0.0, "activation_bytes_per_sample": 1000.0, "temporary_bytes_per_sample": 0.0,
+                   "num_blocks": 10, "boundary_fraction": 0.4}
+    # every block: the 10 boundaries (400) and the recomputed block (100), whose input is a boundary
+    assert predict(calibration, Candidate(checkpointing=10), 1) == pytest.approx(400 + 100 - 40)
+    # 4 segments of 3, 3, 2, 2 blocks: 4 boundaries (160) and the largest segment (300) less its input
+    assert predict(calibration, Candidate(checkpointing=4), 1) == pytest.approx(160 + 300 - 40)
+    assert predict(calibration, Candidate(), 1) == 1000.0  # no checkpointing: every activation
+
+
 def test_split_timing_starts_with_the_group_whose_copies_are_still_built(monkeypatch):
     from trainopt_core.planner.search import Search
     from trainopt_core.planner.space import Candidate
