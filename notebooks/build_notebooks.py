@@ -326,10 +326,13 @@ phase's share of the total time saved show whether the gains concentrate early, 
 
 torch.profiler over a few optimizer steps of each model (same code, data and engine as the
 runs): self time per training item by category -- convolution, matmul/attention,
-normalization, element-wise, optimizer (everything inside the optimizer update, clipping and
-loss-scale bookkeeping included), communication, other. CNN and transformer differ in which
-categories dominate. Like every timing, the profile is kept in `timing/` and shown again when
-the reports are rendered again on the same machine.
+normalization, dropout (drawing the random masks), element-wise (reductions and autograd's
+gradient accumulation included), optimizer (everything inside the optimizer update, clipping and
+loss-scale bookkeeping included), communication, other (allocation, views, embedding look-ups,
+the loss). CNN and transformer differ in which categories dominate; with √L checkpointing the
+GPT-2 draws its blocks' dropout masks twice, once more in the recomputed forward. Like every
+timing, the profile is kept in `timing/` and shown again when the reports are rendered again on
+the same machine.
 """),
     code('''ops = pd.concat([analysis.profile_operations(task, config, profile=profile, data_policy=data_policy,
                                             out_dir=paths.timing)

@@ -1,8 +1,8 @@
 """Error analysis by operation and module (paper §V-D), measured on a few training steps.
 
 - `profile_operations`: torch.profiler over a few optimizer steps of a task's model, self time
-  aggregated by operation category (convolution, matmul/attention, normalization, element-wise,
-  optimizer, communication, other) -- where the step's time goes, CNN vs transformer;
+  aggregated by operation category (convolution, matmul/attention, normalization, dropout,
+  element-wise, optimizer, communication, other) -- where the step's time goes, CNN vs transformer;
 - `activation_bytes_by_module_type`: activation bytes autograd keeps for backward, attributed
   to the innermost module type that saved them (Conv2d, BatchNorm2d, GPT2Attention, ...);
 - `measure_recompute_overhead`: step time with √L checkpointing over step time without, minus
@@ -36,31 +36,41 @@ from ...reproduction.runner import build_engine, resolve_config
 from ...reproduction.tasks import build_task
 from ..._errors import fail as _fail
 
-OP_CATEGORIES = ("convolution", "matmul/attention", "normalization", "element-wise", "optimizer",
+OP_CATEGORIES = ("convolution", "matmul/attention", "normalization", "dropout", "element-wise", "optimizer",
                  "communication", "other")
 OPTIMIZER_REGION = "trainopt::optimizer_step"
 
-# Matched against the op name without its namespace and without a trailing "Backward<N>",
-# lower-cased (aten::addmm, AddmmBackward0 -> "addmm"). First match wins.
+# Matched against the op name without its namespace and without a trailing "Backward<N>", in
+# snake case (aten::addmm, AddmmBackward0 -> "addmm"; NativeBatchNormBackward0 ->
+# "native_batch_norm"). First match wins. "dropout" is drawing the random masks (on a CPU
+# aten::bernoulli_; applying a mask is a multiplication, element-wise); "element-wise" holds the
+# reductions too (sums, norms, the isneginf/all checks of masked softmax) and AccumulateGrad,
+# autograd adding a parameter's gradient into .grad; "other" is what is left: allocation,
+# views, embedding look-ups, the loss's nll.
 _PATTERNS = (
     ("communication", re.compile(r"all_?reduce|all_?gather|reduce_?scatter|broadcast|nccl|gloo|c10d|barrier")),
     ("convolution", re.compile(r"conv")),
     ("matmul/attention", re.compile(r"^(mm|addmm|bmm|baddbmm|matmul|linear|addmv|mv|dot|_addmm_activation)$"
                                     r"|attention|sdpa|flash|efficient_attention")),
     ("normalization", re.compile(r"batch_norm|layer_norm|group_norm|instance_norm|rms_norm|native_norm")),
+    ("dropout", re.compile(r"^(bernoulli|dropout|native_dropout|fused_dropout|feature_dropout)_?$")),
     ("element-wise", re.compile(
-        r"^(add|sub|mul|div|neg|relu|gelu|silu|tanh|sigmoid|threshold|pow|sqrt|rsqrt|exp|log|clamp|where|"
-        r"masked_fill|dropout|native_dropout|copy|fill|zero|clone|to|_to_copy|softmax|_softmax|log_softmax|"
-        r"_log_softmax|maximum|minimum|lerp|addcmul|addcdiv|abs|sign|hardtanh|leaky_relu)_?$"
-        r"|^(relu|gelu|threshold|tanh|softmax|_softmax|log_softmax|_log_softmax|dropout|native_dropout)")),
+        r"^(add|sub|mul|div|neg|relu|gelu|silu|tanh|sigmoid|threshold|pow|sqrt|rsqrt|exp|log|clamp|clamp_min|"
+        r"clamp_max|where|masked_fill|copy|fill|zero|clone|to|_to_copy|to_copy|softmax|_softmax|_safe_softmax|"
+        r"log_softmax|_log_softmax|maximum|minimum|lerp|addcmul|addcdiv|abs|sign|hardtanh|leaky_relu|"
+        r"isneginf|isposinf|isinf|isnan|isfinite|sum|mean|all|any|norm|linalg_vector_norm|accumulate_grad)_?$"
+        r"|^(relu|gelu|threshold|tanh|softmax|_softmax|log_softmax|_log_softmax)")),
 )
+# what a kept op profile was categorized by: a profile kept under other rules is measured again
+CATEGORY_RULES = tuple((category, pattern.pattern) for category, pattern in _PATTERNS)
 
 
 def op_category(name: str) -> str:
     """The operation category of a profiler event name (one of `OP_CATEGORIES`)."""
     base = name.split(": ")[-1]                     # "autograd::engine::evaluate_function: XBackward0"
     base = base.split("::")[-1]                     # drop namespaces (aten::, c10d::)
-    base = re.sub(r"backward\d*$", "", base.lower()).rstrip("_")   # in-place variants: add_ -> add
+    base = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", base).lower()   # autograd nodes: NativeBatchNorm -> native_batch_norm
+    base = re.sub(r"_?backward\d*$", "", base).rstrip("_")    # in-place variants: add_ -> add
     for category, pattern in _PATTERNS:
         if pattern.search(base):
             return category
@@ -147,7 +157,8 @@ def profile_operations(task: str, config: str = "baseline", *, profile: str = "s
     from ``<out_dir>/op_profile__<task>__<config>.json`` when `out_dir` is given."""
     bundle, model, engine, batches, cfg, device = _task_setup(
         task, config, profile=profile, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
-    settings = dict(config=cfg.computation_fields(), steps=steps, warmup_steps=warmup_steps, seed=seed)
+    settings = dict(config=cfg.computation_fields(), steps=steps, warmup_steps=warmup_steps, seed=seed,
+                    category_rules=CATEGORY_RULES)
     name = f"op_profile__{task}__{file_stem(str(config))}"
     path, conditions, kept = _kept(out_dir, name, "op_profile", settings, task, bundle, device, profile,
                                    data_policy)
