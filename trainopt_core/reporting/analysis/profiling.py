@@ -149,17 +149,18 @@ def _keep(path, conditions, kind: str, settings: dict, result, *, task: str, pro
                     task=task, result=result)
 
 
-def profile_operations(task: str, config: str = "baseline", *, profile: str = "smoke", steps: int = 2,
-                       warmup_steps: int = 1, data_policy: str = "auto", data_dir=None, device=None,
+def profile_operations(task: str, config: str | OptimizationConfig = "baseline", *, profile: str = "smoke",
+                       steps: int = 2, warmup_steps: int = 1, data_policy: str = "auto", data_dir=None, device=None,
                        seed: int = 0, out_dir: str | os.PathLike | None = None) -> pd.DataFrame:
     """Self time by operation category over `steps` optimizer steps of `task` trained with
-    `config` under `profile` (same model, data and engine as `runner.run`); kept in and reused
-    from ``<out_dir>/op_profile__<task>__<config>.json`` when `out_dir` is given."""
+    `config` (a preset's name or an OptimizationConfig) under `profile` (same model, data and
+    engine as `runner.run`); kept in and reused from ``<out_dir>/op_profile__<task>__<name>.json``
+    when `out_dir` is given."""
     bundle, model, engine, batches, cfg, device = _task_setup(
         task, config, profile=profile, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
     settings = dict(config=cfg.computation_fields(), steps=steps, warmup_steps=warmup_steps, seed=seed,
                     category_rules=CATEGORY_RULES)
-    name = f"op_profile__{task}__{file_stem(str(config))}"
+    name = f"op_profile__{task}__{file_stem(config if isinstance(config, str) else cfg.name)}"
     path, conditions, kept = _kept(out_dir, name, "op_profile", settings, task, bundle, device, profile,
                                    data_policy)
     if kept is not None:
