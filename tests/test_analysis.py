@@ -361,3 +361,10 @@ def test_op_profile_puts_the_gpt2_dropout_masks_in_their_own_category_and_remeas
     again = analysis.profile_operations("wikitext2", "baseline", profile="smoke", steps=1, warmup_steps=0,
                                         out_dir=tmp_path)
     assert (again["self_time_ms"] >= 0).all()  # categorized under other rules: measured again, not shown
+
+
+def test_op_profile_of_a_configuration_object_is_kept_under_its_name(tmp_path):
+    config = OptimizationConfig.baseline().replace(name="my baseline", optimizer_impl="foreach")
+    frame = analysis.profile_operations("wikitext2", config, profile="smoke", steps=1, warmup_steps=0, out_dir=tmp_path)
+    assert (tmp_path / "op_profile__wikitext2__my_baseline.json").exists()
+    assert set(frame["config"]) == {"my baseline"}
