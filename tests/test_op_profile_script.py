@@ -1,0 +1,41 @@
+"""scripts/op_profile.py: its arguments, and its plumbing at smoke size with a stored plan."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from trainopt_core import OptimizationConfig
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "op_profile.py"
+
+
+@pytest.fixture(scope="module")
+def op_profile():
+    spec = importlib.util.spec_from_file_location("op_profile", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps=0 is invalid: an integer >= 1"),
+    (["--plans", "no/such/folder"], "--plans: no plan record no/such/folder/plan__cifar10.json"),
+])
+def test_bad_arguments_name_the_value_and_what_is_allowed(op_profile, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        op_profile.parse_args(["--out", "unused", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_profiles_baseline_optimized_and_the_planned_auto_of_each_task(op_profile, tmp_path):
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    auto = OptimizationConfig.baseline().replace(name="auto", precision="bf16", optimizer_impl="foreach")
+    for task in ("cifar10", "wikitext2"):
+        (plans / f"plan__{task}.json").write_text(json.dumps({"config": auto.to_dict()}))
+    ops = op_profile.main(["--out", str(tmp_path / "out"), "--plans", str(plans), "--profile", "smoke", "--steps", "1"])
+    assert sorted(set(zip(ops["task"], ops["config"]))) == [
+        (task, config) for task in ("cifar10", "wikitext2") for config in ("auto", "baseline", "optimized")]
+    assert (tmp_path / "out" / "op_categories.csv").exists()
+    assert (tmp_path / "out" / "op_profile__wikitext2__auto.json").exists()
