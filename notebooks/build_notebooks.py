@@ -325,18 +325,20 @@ phase's share of the total time saved show whether the gains concentrate early, 
 ## By operation category
 
 torch.profiler over a few optimizer steps of each model (same code, data and engine as the
-runs): self time per training item by category -- convolution, matmul/attention,
+runs) for the baseline, the paper's `optimized` and `auto` (the plan of notebook 1, reused):
+self time per training item by category -- convolution, matmul/attention,
 normalization, dropout (drawing the random masks), element-wise (reductions and autograd's
 gradient accumulation included), optimizer (everything inside the optimizer update, clipping and
 loss-scale bookkeeping included), communication, other (allocation, views, embedding look-ups,
-the loss). CNN and transformer differ in which categories dominate; with √L checkpointing the
+the loss). CNN and transformer differ in which categories dominate; the categories `auto` leaves
+as slow as the baseline's bound what it can gain; with √L checkpointing the
 GPT-2 draws its blocks' dropout masks twice, once more in the recomputed forward. Like every
 timing, the profile is kept in `timing/` and shown again when the reports are rendered again on
 the same machine.
 """),
     code('''ops = pd.concat([analysis.profile_operations(task, config, profile=profile, data_policy=data_policy,
-                                            out_dir=paths.timing)
-                 for task in tasks for config in ("baseline", "optimized")], ignore_index=True)
+                                            out_dir=paths.timing, plans_dir=paths.plans)
+                 for task in tasks for config in ("baseline", "optimized", "auto")], ignore_index=True)
 publish_table(ops, paths, "op_categories", "Self time by operation category (torch.profiler)", records)
 display(publish_figure(figures.op_category_bars(ops, records), paths, "op_categories"))''', IGNORE),
     md("""

@@ -133,6 +133,10 @@ def test_every_notebook_runs_in_the_smoke_profile_and_writes_its_tables(executed
                  "op_categories", "eq21_decomposition", "phases_resnet"):
         assert (tables / f"{stem}.csv").is_file() and (tables / f"{stem}.md").is_file(), stem
     assert (executed["reports"] / "smoke" / "figures" / "curves_resnet.png").is_file()
+    import pandas as pd
+    ops = pd.read_csv(tables / "op_categories.csv")
+    assert set(zip(ops["task"], ops["config"])) == {(task, config) for task in ("cifar10", "wikitext2")
+                                                     for config in ("baseline", "optimized", "auto")}
     for name, path in executed["notebooks"].items():
         errors = [o for c in code_cells(read(path)) for o in c.outputs if o.output_type == "error"]
         assert not errors, name

@@ -121,11 +121,12 @@ def profile_training_steps(step: Callable[[], int], *, steps: int = 2, warmup_st
     return pd.DataFrame(rows)
 
 
-def _task_setup(task: str, config, *, profile: str, data_policy: str, data_dir, device, seed: int):
-    """Model, optimizer, engine and micro-batches of a task exactly as the runner builds them."""
+def _task_setup(task: str, config, *, profile: str, data_policy: str, data_dir, device, seed: int, plans_dir=None):
+    """Model, optimizer, engine and micro-batches of a task exactly as the runner builds them
+    (``"auto"`` as planned in `plans_dir`)."""
     prof = get_profile(task, profile)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cfg, _ = resolve_config(config, prof, device)
+    cfg, _ = resolve_config(config, prof, device, plans_dir=plans_dir, data_policy=data_policy, data_dir=data_dir)
     torch.manual_seed(seed)
     bundle = build_task(prof, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
     engine, micro = build_engine(bundle, prof, cfg, device=device)
@@ -151,13 +152,15 @@ def _keep(path, conditions, kind: str, settings: dict, result, *, task: str, pro
 
 def profile_operations(task: str, config: str | OptimizationConfig = "baseline", *, profile: str = "smoke",
                        steps: int = 2, warmup_steps: int = 1, data_policy: str = "auto", data_dir=None, device=None,
-                       seed: int = 0, out_dir: str | os.PathLike | None = None) -> pd.DataFrame:
+                       seed: int = 0, out_dir: str | os.PathLike | None = None,
+                       plans_dir: str | os.PathLike | None = None) -> pd.DataFrame:
     """Self time by operation category over `steps` optimizer steps of `task` trained with
-    `config` (a preset's name or an OptimizationConfig) under `profile` (same model, data and
-    engine as `runner.run`); kept in and reused from ``<out_dir>/op_profile__<task>__<name>.json``
-    when `out_dir` is given."""
+    `config` (a preset's name, ``"auto"`` as planned in `plans_dir`, or an OptimizationConfig)
+    under `profile` (same model, data and engine as `runner.run`); kept in and reused from
+    ``<out_dir>/op_profile__<task>__<name>.json`` when `out_dir` is given."""
     bundle, model, engine, batches, cfg, device = _task_setup(
-        task, config, profile=profile, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed)
+        task, config, profile=profile, data_policy=data_policy, data_dir=data_dir, device=device, seed=seed,
+        plans_dir=plans_dir)
     settings = dict(config=cfg.computation_fields(), steps=steps, warmup_steps=warmup_steps, seed=seed,
                     category_rules=CATEGORY_RULES)
     name = f"op_profile__{task}__{file_stem(config if isinstance(config, str) else cfg.name)}"
