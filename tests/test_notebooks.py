@@ -79,7 +79,7 @@ def test_run_all_rejects_bad_arguments_naming_value_and_allowed():
 # one a lost kernel message waits forever: with ipykernel 7.4.0, papermill now and then waited for
 # the execute_reply of the cell after the explorer's widget cell while its kernel sat idle, having
 # run that cell (3 of 4 runs of this file on an Intel AMX machine; ipykernel issue #1554 describes
-# such a race). pyproject.toml keeps ipykernel below 7 (0 of 5 runs with 6.31.0); the limit and
+# such a race). pyproject.toml keeps ipykernel below 7 (0 of 6 runs with 6.31.0); the limit and
 # the second attempt remain for what is left.
 CELL_TIMEOUT_S = 240
 
