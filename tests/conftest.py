@@ -13,6 +13,17 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 
+def load_script(relative_path: str):
+    """A script of the repository (``scripts/...``, ``benchmarks/...``) imported as a module."""
+    import importlib.util
+
+    path = os.path.join(REPO, relative_path)
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

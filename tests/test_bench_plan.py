@@ -1,24 +1,19 @@
 """benchmarks/bench_plan.py: a plan that fails (a budget nothing fits, a GPU out of memory while
 the candidates are timed together) is reported and the others go on; a run stopped part-way
 keeps what it finished, and --resume continues it."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import load_script
 from trainopt_core.config import OptimizationConfig
 from trainopt_core.planner.result import Plan
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_plan.py"
-
 
 def _bench_plan():
-    spec = importlib.util.spec_from_file_location("bench_plan", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_plan.py")
 
 
 def _result(rows=(), budget=None):

@@ -1,21 +1,16 @@
 """scripts/gpu_check.py, the one command a GPU session runs: its arguments, and its plumbing on
 the CPU (smoke sizes, the GPU tests skipped), so that a GPU session spends its time measuring."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/gpu_check.py")
 
 
 @pytest.mark.parametrize("argv, message", [

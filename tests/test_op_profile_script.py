@@ -1,21 +1,15 @@
 """scripts/op_profile.py: its arguments, and its plumbing at smoke size with a stored plan."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import load_script
 from trainopt_core import OptimizationConfig
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "op_profile.py"
 
 
 @pytest.fixture(scope="module")
 def op_profile():
-    spec = importlib.util.spec_from_file_location("op_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/op_profile.py")
 
 
 @pytest.mark.parametrize("argv, message", [
