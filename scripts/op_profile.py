@@ -12,13 +12,13 @@ holds every row; the table printed is self time per trained item (ms) by categor
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from trainopt_core.config import OptimizationConfig
 from trainopt_core.reporting import analysis
+from trainopt_core.reproduction.autoplan import load_plan_record, plan_path
 from trainopt_core.reproduction.profiles import PROFILES, TASKS
 
 
@@ -31,10 +31,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps={args.steps} is invalid: an integer >= 1")
-    missing = [str(args.plans / f"plan__{task}.json") for task in TASKS
-               if args.plans is not None and not (args.plans / f"plan__{task}.json").is_file()]
+    missing = [str(plan_path(args.plans, task)) for task in TASKS
+               if args.plans is not None and load_plan_record(args.plans, task) is None]
     if missing:
-        parser.error(f"--plans: no plan record {', '.join(missing)} (./run_all.sh writes them to reports/<profile>/plans)")
+        parser.error(f"--plans: no plan record {', '.join(missing)} "
+                     "(./run_all.sh writes them to reports/<profile>/plans)")
     return args
 
 
@@ -44,8 +45,7 @@ def main(argv=None) -> pd.DataFrame:
     for task in TASKS:
         configs: list = ["baseline", "optimized"]
         if args.plans is not None:
-            plan_file = args.plans / f"plan__{task}.json"
-            configs.append(OptimizationConfig.from_dict(json.loads(plan_file.read_text())["config"]))
+            configs.append(OptimizationConfig.from_dict(load_plan_record(args.plans, task)["config"]))
         frames += [analysis.profile_operations(task, config, profile=args.profile, steps=args.steps,
                                                out_dir=args.out) for config in configs]
     ops = pd.concat(frames, ignore_index=True)

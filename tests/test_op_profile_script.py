@@ -5,6 +5,7 @@ import pytest
 
 from conftest import load_script
 from trainopt_core import OptimizationConfig
+from trainopt_core.reproduction.records import RECORD_SCHEMA
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,8 @@ def test_profiles_baseline_optimized_and_the_planned_auto_of_each_task(op_profil
     plans.mkdir()
     auto = OptimizationConfig.baseline().replace(name="auto", precision="bf16", optimizer_impl="foreach")
     for task in ("cifar10", "wikitext2"):
-        (plans / f"plan__{task}.json").write_text(json.dumps({"config": auto.to_dict()}))
+        (plans / f"plan__{task}.json").write_text(json.dumps(
+            {"schema": RECORD_SCHEMA, "status": "complete", "kind": "plan", "config": auto.to_dict()}))
     ops = op_profile.main(["--out", str(tmp_path / "out"), "--plans", str(plans), "--profile", "smoke", "--steps", "1"])
     assert sorted(set(zip(ops["task"], ops["config"]))) == [
         (task, config) for task in ("cifar10", "wikitext2") for config in ("auto", "baseline", "optimized")]

@@ -163,7 +163,7 @@ def profile_operations(task: str, config: str | OptimizationConfig = "baseline",
         plans_dir=plans_dir)
     settings = dict(config=cfg.computation_fields(), steps=steps, warmup_steps=warmup_steps, seed=seed,
                     category_rules=CATEGORY_RULES)
-    name = f"op_profile__{task}__{file_stem(config if isinstance(config, str) else cfg.name)}"
+    name = f"op_profile__{task}__{file_stem(cfg.name)}"
     path, conditions, kept = _kept(out_dir, name, "op_profile", settings, task, bundle, device, profile,
                                    data_policy)
     if kept is not None:
