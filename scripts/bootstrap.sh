@@ -32,11 +32,16 @@ if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || ! _trainopt_ready; then
     . "$_trainopt_root/.venv/bin/activate"
     if [ "$(cat "$_trainopt_root/.venv/.trainopt-stamp" 2>/dev/null)" != "$_trainopt_stamp_src" ] || ! _trainopt_ready; then
         echo "[trainopt] installing into .venv (torch first; a few minutes the first time)" >&2
-        # torch's CUDA build and the extras take about 7 GB: say so up front rather than letting
-        # pip fail half-way with "No space left on device"
-        _trainopt_free_kb=$(df -Pk "$_trainopt_root" 2>/dev/null | awk 'NR == 2 {print $4}')
-        if [ -n "$_trainopt_free_kb" ] && [ "$_trainopt_free_kb" -lt 7340032 ]; then
-            echo "[trainopt] only $((_trainopt_free_kb / 1048576)) GiB free under $_trainopt_root; the environment needs about 7 GiB (free some space, or activate an existing environment with trainopt installed)" >&2
+        # torch's CUDA build and the extras take about 6.5 GB. With less than 7 GiB free, stop here
+        # and say so: pip would fail half-way with "No space left on device", and the fallbacks
+        # below (other releases, then a download) would bury that under their own errors. An
+        # environment that already has torch needs little more, so it is not held to this.
+        if ! python -c "import torch" >/dev/null 2>&1; then
+            _trainopt_free_kb=$(df -Pk "$_trainopt_root" 2>/dev/null | awk 'NR == 2 {print $4}')
+            if [ -n "$_trainopt_free_kb" ] && [ "$_trainopt_free_kb" -lt 7340032 ]; then
+                echo "[trainopt] only $((_trainopt_free_kb / 1048576)) GiB free under $_trainopt_root; a new environment needs about 7 GiB. Free some space, or activate an existing environment with trainopt installed" >&2
+                return 1 2>/dev/null || exit 1
+            fi
         fi
         python -m pip install -q --upgrade pip >&2
         # torch/torchvision as one pair: mismatched builds fail to import torchvision

@@ -9,8 +9,12 @@ from __future__ import annotations
 import ast
 import graphlib
 import importlib
+import os
 import pkgutil
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -167,3 +171,30 @@ def test_every_install_path_uses_the_pinned_releases():
     for text in (bootstrap, environment):
         assert dict(re.findall(r"(torch|torchvision)==([\w.]+)", text)) == {
             "torch": pins["torch"], "torchvision": pins["torchvision"]}
+
+
+def test_bootstrap_stops_at_once_when_a_new_environment_has_no_room(tmp_path):
+    # A full disk must be named as the cause. Before this check the install ran on, failed with
+    # "No space left on device", and its fallbacks (unpinned releases, then a download from the
+    # index) buried that under their own errors.
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "bootstrap.sh", checkout / "scripts" / "bootstrap.sh")
+    (checkout / "pyproject.toml").write_text("")
+    (checkout / "constraints.txt").write_text("")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "df").write_text(  # 1 GiB available, in df -Pk's layout
+        "#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+        "echo '/dev/x 10485760 9437184 1048576 90% /'\n")
+    (fake_bin / "df").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
+    env["PATH"] = f"{fake_bin}{os.pathsep}{sys.base_prefix}/bin{os.pathsep}/usr/bin{os.pathsep}/bin"
+    result = subprocess.run(["bash", "-c", "set -e; . scripts/bootstrap.sh; echo after-bootstrap"],
+                            cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "only 1 GiB free" in result.stderr and "needs about 7 GiB" in result.stderr
+    assert "after-bootstrap" not in result.stdout
+    # (as run_tests.sh sources it, under set -e) and no install was tried, so no fallback ran
+    assert "pinned releases" not in result.stderr and "torch install failed" not in result.stderr
+    assert not list((checkout / ".venv").glob("lib/python*/site-packages/torch"))
