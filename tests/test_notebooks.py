@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +80,7 @@ def test_run_all_rejects_bad_arguments_naming_value_and_allowed():
 # one a lost kernel message waits forever: with ipykernel 7.4.0, papermill now and then waited for
 # the execute_reply of the cell after the explorer's widget cell while its kernel sat idle, having
 # run that cell (3 of 4 runs of this file on an Intel AMX machine; ipykernel issue #1554 describes
-# such a race). pyproject.toml keeps ipykernel below 7 (0 of 6 runs with 6.31.0); the limit and
+# such a race). pyproject.toml keeps ipykernel below 7 (0 of 11 runs with 6.31.0); the limit and
 # the second attempt remain for what is left.
 CELL_TIMEOUT_S = 240
 
@@ -138,7 +139,6 @@ def test_every_notebook_runs_in_the_smoke_profile_and_writes_its_tables(executed
                  "op_categories", "eq21_decomposition", "phases_resnet"):
         assert (tables / f"{stem}.csv").is_file() and (tables / f"{stem}.md").is_file(), stem
     assert (executed["reports"] / "smoke" / "figures" / "curves_resnet.png").is_file()
-    import pandas as pd
     ops = pd.read_csv(tables / "op_categories.csv")
     assert set(zip(ops["task"], ops["config"])) == {(task, config) for task in ("cifar10", "wikitext2")
                                                      for config in ("baseline", "optimized", "auto")}
