@@ -86,7 +86,9 @@ def prepare(
     The speed options are applied in place too: `config.memory_format` ("channels_last": the
     model's 4-D weights, for CNNs), `config.optimizer_impl` (the optimizer's foreach/fused
     kernels) and `config.compile` (``model.compile()``: the model object itself runs compiled;
-    the first steps compile).
+    the first steps compile; `config.compile_mode` "reduce-overhead" replays CUDA graphs).
+    `config.tf32` lets fp32 matmuls and convolutions use TF32 inside the engine's autocast()
+    and backward().
 
     The LR schedule runs over `total_samples` samples (sequences, images) -- or, given
     `total_steps` instead, over optimizer steps: linear warmup for `warmup_steps` steps, cosine
@@ -121,7 +123,8 @@ def prepare(
     if config.optimizer_impl != "default":
         use_optimizer_impl(optimizer, config.optimizer_impl)
     if config.compile:
-        target.compile()  # in place: the caller's model object runs compiled
+        # in place: the caller's model object runs compiled ("reduce-overhead": in CUDA graphs)
+        target.compile(**({} if config.compile_mode == "default" else {"mode": config.compile_mode}))
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
         # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

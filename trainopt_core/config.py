@@ -24,6 +24,10 @@ SCHEDULES = ("constant", "cosine")
 ZERO_STAGES = (0, 1, 2)
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 MEMORY_FORMATS = ("contiguous", "channels_last")
+# torch.compile's modes a configuration may ask for: "default", or "reduce-overhead" (CUDA graphs:
+# each compiled graph is captured once and replayed, so a launch-bound step stops paying for its
+# kernel launches)
+COMPILE_MODES = ("default", "reduce-overhead")
 
 Checkpointing = Union[None, Literal["sqrt"], int]
 # Fields that stop a failing run but never change what a finished one computed.
@@ -31,7 +35,7 @@ GUARD_FIELDS = frozenset({"max_nonfinite_steps"})
 # Fields added after run records were committed, with their defaults: a configuration that leaves
 # them at the default hashes as it did before they existed, so its records stay valid.
 LATER_FIELD_DEFAULTS = {"checkpoint_policy": "full", "compile": False, "optimizer_impl": "default",
-                        "memory_format": "contiguous"}
+                        "memory_format": "contiguous", "compile_mode": "default", "tf32": False}
 
 
 def computation_part(fields: dict) -> dict:
@@ -86,8 +90,12 @@ class OptimizationConfig:
     # speed: torch.compile the model (in place), the optimizer's implementation (torch's
     # foreach or fused kernels, where the optimizer has them) and channels-last weights for CNNs
     compile: bool = False
+    compile_mode: str = "default"
     optimizer_impl: str = "default"
     memory_format: str = "contiguous"
+    # fp32 matmuls and convolutions on TF32 tensor cores (CUDA GPUs of compute capability >= 8.0):
+    # the engine sets torch's TF32 flags around the forward and backward it runs, and restores them
+    tf32: bool = False
     # fp16 dynamic loss scaling (torch.amp.GradScaler semantics)
     initial_loss_scale: float = 2.0**16
     loss_scale_growth_interval: int = 2000
@@ -137,6 +145,13 @@ class OptimizationConfig:
                   "to 'sqrt' or a number of segments to checkpoint selectively)")
         if not isinstance(self.compile, bool):
             _fail("compile", self.compile, "True or False")
+        if self.compile_mode not in COMPILE_MODES:
+            _fail("compile_mode", self.compile_mode, f"one of {COMPILE_MODES}")
+        if self.compile_mode != "default" and not self.compile:
+            _fail("compile_mode", self.compile_mode, "'default' while compile is False (set compile=True to compile "
+                  "in another mode)")
+        if not isinstance(self.tf32, bool):
+            _fail("tf32", self.tf32, "True or False")
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             _fail("optimizer_impl", self.optimizer_impl, f"one of {OPTIMIZER_IMPLS}")
         if self.memory_format not in MEMORY_FORMATS:
@@ -173,6 +188,10 @@ class OptimizationConfig:
                 "an integer >= 2 with adaptive accumulation on one process (eq. 7's variance needs "
                 ">= 2 micro-batches per estimate; or run >= 2 data-parallel replicas)",
             )
+        if self.tf32 and not tf32_supported(device):
+            _fail("tf32", self.tf32, f"False on {device} (TF32 tensor cores need a CUDA GPU of compute capability >= 8.0)")
+        if self.compile_mode == "reduce-overhead" and device.type != "cuda":
+            _fail("compile_mode", self.compile_mode, f"'default' on {device} (CUDA graphs need a CUDA GPU)")
         if self.precision in ("fp16", "bf16"):
             dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
             if not autocast_supports(device.type, dtype):
@@ -240,6 +259,12 @@ class OptimizationConfig:
         if name not in presets:
             raise ValueError(f"unknown configuration {name!r}: allowed {sorted(presets)}")
         return presets[name]
+
+
+def tf32_supported(device: torch.device | str) -> bool:
+    """Whether `device` has TF32 tensor cores: a CUDA GPU of compute capability >= 8.0 (Ampere on)."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:

@@ -19,6 +19,7 @@ with the same interface. Both record in `engine.zero_partitioning` what was part
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -154,7 +155,11 @@ class TrainingEngine:
         """Context for the forward pass: autocast in the configured precision, and -- under DDP --
         gradient all-reduce only on the micro-batch that completes the effective batch."""
         self._set_grad_sync()
-        return mp.autocast(self.device, self.config.precision)
+        if self.config.compile_mode == "reduce-overhead":
+            # CUDA graphs: each micro-batch's forward starts a new replay, so a graph's outputs
+            # (the previous micro-batch's, consumed by its backward) may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        return mp.autocast(self.device, self.config.precision, tf32=self.config.tf32)
 
     def _set_grad_sync(self) -> None:
         # DistributedDataParallel decides at *forward* time whether the following backward
@@ -196,7 +201,8 @@ class TrainingEngine:
         scaled = loss * factor
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
-        scaled.backward()
+        with mp.tf32_allowed() if self.config.tf32 else contextlib.nullcontext():
+            scaled.backward()
         self._micro_index += 1
         self._step_items += items
         self._step_samples += samples

@@ -29,11 +29,45 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_LOSS_SCALE = 2.0**-24
 
 
-def autocast(device: torch.device, precision: str):
-    """The forward-pass context for `precision` (a no-op for fp32)."""
+def autocast(device: torch.device, precision: str, *, tf32: bool = False):
+    """The forward-pass context for `precision` (a no-op for fp32), with fp32 matmuls and
+    convolutions on TF32 tensor cores inside it where `tf32` (`tf32_allowed`)."""
+    if tf32:
+        return _tf32_autocast(device, precision)
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
+
+
+@contextlib.contextmanager
+def _tf32_autocast(device: torch.device, precision: str):
+    with tf32_allowed(), autocast(device, precision):
+        yield
+
+
+@contextlib.contextmanager
+def tf32_allowed():
+    """fp32 matmuls (cuBLAS) and convolutions (cuDNN) may run on TF32 tensor cores inside; what
+    was set before is put back on leaving. Through the settings that keep torch's older and newer
+    TF32 flags consistent (`torch.set_float32_matmul_precision`, `torch.backends.cudnn.allow_tf32`):
+    setting one of the newer `fp32_precision` flags alone makes reading the older ones an error.
+    The settings are process-wide, so autograd's backward thread sees them while the block runs."""
+    matmul_before = torch.get_float32_matmul_precision()
+    try:
+        cudnn_before = torch.backends.cudnn.allow_tf32
+    except RuntimeError:  # the caller set conv and RNN apart (newer flags): left as they are
+        cudnn_before = None
+    if matmul_before == "highest":
+        torch.set_float32_matmul_precision("high")
+    if cudnn_before is False:
+        torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        if matmul_before == "highest":
+            torch.set_float32_matmul_precision(matmul_before)
+        if cudnn_before is False:
+            torch.backends.cudnn.allow_tf32 = False
 
 
 def make_grad_scaler(device: torch.device, config: OptimizationConfig) -> torch.amp.GradScaler | None:

@@ -34,6 +34,8 @@ DeepSpeed averages the per-replica gradients (equal weight per replica).
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 import os
 
@@ -166,7 +168,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     def autocast(self):
         """Context for the forward: DeepSpeed holds the module in fp16/bf16 and autocast lets
         fp32 inputs meet those weights (matmuls in the low precision, reductions in fp32)."""
-        return mp.autocast(self.device, self.config.precision)
+        return mp.autocast(self.device, self.config.precision, tf32=self.config.tf32)
 
     def backward(
         self, loss: torch.Tensor, num_items: float | None = None, *, num_samples: int | None = None
@@ -194,7 +196,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if self.config.precision != "fp16":  # on the device: one sync per step, at the boundary
             finite = torch.isfinite(loss.detach()).all()
             self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
-        self.ds_engine.backward(loss * weight, scale_wrt_gas=False)
+        with mp.tf32_allowed() if self.config.tf32 else contextlib.nullcontext():
+            self.ds_engine.backward(loss * weight, scale_wrt_gas=False)
         self._ds_step_due = True
         self._micro_index += 1
         self._step_items += items

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from .. import measure
 from ..compose import prepare
 from ..config import OptimizationConfig
+from .. import precision as mp
 from ..precision import NonFiniteTrainingError
 from . import autoplan, resume, twins
 from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
@@ -246,7 +247,8 @@ def run(
     qualities = [h["quality"] for h in history]
     reach = dict(target=prof.target, higher_is_better=prof.higher_is_better)
     items_per_s = throughput.items_per_s()
-    peak_flops, peak_source = measure.peak_flops(device, cfg.precision, workload=bundle.flops_workload)
+    with mp.tf32_allowed() if cfg.tf32 else contextlib.nullcontext():  # the flags the steps ran under
+        peak_flops, peak_source = measure.peak_flops(device, cfg.precision, workload=bundle.flops_workload)
     flops_item = bundle.training_flops_per_item
     metrics = dict(
         # Deterministic for a seed: where the quality curve crosses the target.
