@@ -63,16 +63,20 @@ import torch
 
 from .._errors import fail
 from .adaptive import adaptive_config, measure_goodput, smallest_k
-from .choice import check_weights, choose, helps, pareto_front
+from .choice import check_weights, choose, helps, over_run, pareto_front
 from .memory_model import zero_saving_bytes
 from .result import Plan
 from .search import Search
 from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
-                    native_reduced_precisions, precision_splits, speed_option_changes, zero_twins)
+                    fewest_splits_that_fit, native_reduced_precisions, precision_splits, speed_option_changes, splits,
+                    zero_twins)
 from ..compose import deepspeed_available
 
 MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
 MAX_ZERO = 4              # ZeRO candidates measured at most (the best's twins first)
+# Compiling took 18-61 s from a cold cache on 2-core CPUs (COMPILE_ON_CPU) and 39.5 s for ResNet-50 on
+# an H100: a run shorter than this cannot earn a compile back, so it is not tried there
+COMPILE_FLOOR_S = 10.0
 
 
 def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[torch.Tensor],
@@ -174,17 +178,6 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if search.energy_source is None and weights[2] > 0:
         notes.append(f"Energy weight {weights[2]} not used: {search.energy_unavailable}.")
 
-    # 1. precision × split
-    stage1 = precision_splits(size, device, ks, min_k=min_k)
-    first = search.measure_memory(stage1)
-    search.time(first)
-    tied = search.near_ties(weights=weights, min_k=min_k)
-    if tied:  # the speed options build on one of them: more windows for those within the noise first
-        search.time(tied)
-    best = search.best(weights=weights, min_k=min_k)
-    lap("precision x split")
-    rows = search.rows  # by candidate; the list of them is returned
-
     def over_budget(c: Candidate) -> bool:  # measured over it, or pruned / out of memory
         row = search.rows[c]
         if memory_budget_bytes is None:
@@ -192,6 +185,30 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         if row["peak_memory_bytes"] is None:
             return (row["rejected_because"] or "").startswith(("pruned", "out of memory"))
         return row["peak_memory_bytes"] > memory_budget_bytes and not row["rejected_because"]
+
+    def does_not_fit(c: Candidate) -> bool:  # over the budget, or out of memory with or without one
+        return over_budget(c) or (search.rows[c]["rejected_because"] or "").startswith("out of memory")
+
+    # 1. precision × split
+    if ks is None and device.type == "cuda":
+        # a GPU step's time follows its kernel launches more than its samples: the fewest
+        # micro-batches that fit first, a precision split further only where its split does not fit
+        ladder = splits(size, None, min_k)
+        first = []
+        stage1 = fewest_splits_that_fit(precision_splits(size, device, ladder[:1], min_k=min_k), ladder,
+                                        lambda cs: first.extend(search.measure_memory(cs)), does_not_fit)
+        notes.append(f"Splits tried on the GPU: k={ladder[0]} first, a further split only where the fewer did not "
+                     f"fit ({', '.join(sorted({f'k={c.k}' for c in stage1}))} measured).")
+    else:
+        stage1 = precision_splits(size, device, ks, min_k=min_k)
+        first = search.measure_memory(stage1)
+    search.time(first)
+    tied = search.near_ties(weights=weights, min_k=min_k)
+    if tied:  # the speed options build on one of them: more windows for those within the noise first
+        search.time(tied)
+    best = search.best(weights=weights, min_k=min_k)
+    lap("precision x split")
+    rows = search.rows  # by candidate; the list of them is returned
 
     # 1b. the ZeRO stage, on more than one process: partitioned optimizer state (and gradients)
     # against DDP, on the best and on what is over the budget: first those that ZeRO-2's saving
@@ -250,8 +267,17 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
 
     # 3. speed options on the best so far, then the ones that helped, together
     if speed_options and best is not None:
+        compile_now = try_compile
+        best_s = search.rows[best]["seconds_per_sample"]
+        if try_compile and run_samples and best_s and run_samples * best_s < COMPILE_FLOOR_S:
+            # the whole run takes less than compiling would: no compiled candidate can earn it back
+            compile_now = False
+            notes.append(f"torch.compile not tried: the whole run ({run_samples:,} samples) takes about "
+                         f"{run_samples * best_s:.1f} s at the best candidate's speed, under the {COMPILE_FLOOR_S:.0f} s "
+                         "that compiling a model takes at the least.")
+
         def options_of(c: Candidate) -> list[dict]:
-            return speed_option_changes(c, search.model, search.optimizer_factory, search.device, try_compile)
+            return speed_option_changes(c, search.model, search.optimizer_factory, search.device, compile_now)
 
         options = options_of(best)
         tried = [best.replace(**option) for option in options]
@@ -267,6 +293,11 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
             base_s = search.rows[Candidate()]["seconds_per_sample"]
             helped = [c for c in ran if helps(search.rows[c], search.rows[best], memory_budget_bytes, base_s,
                                               run_samples)]
+            compiled = [c for c in helped if c.compile]
+            if len(compiled) > 1:  # one way of compiling: the faster over the run
+                slower = min(compiled, key=lambda c: over_run(search.rows[c], search.rows[c]["speedup"], base_s,
+                                                              run_samples))
+                helped.remove(slower)
             if len(helped) > 1:
                 together = best.replace(**{key: value for c in helped for key, value in changes_between(best, c).items()})
                 # timed with the baseline only: every speedup is paired with the baseline's windows,

@@ -38,11 +38,11 @@ def check_weights(weights: Sequence[float]) -> tuple[float, float, float]:
 def helps(row: dict, best: dict, budget: float | None, base_s: float | None = None,
           run_samples: int | None = None) -> bool:
     fits = budget is None or row["peak_memory_bytes"] <= budget
-    return fits and not row["rejected_because"] and (_over_run(row, row["speedup"], base_s, run_samples)
-                                                     > _over_run(best, best["speedup"], base_s, run_samples))
+    return fits and not row["rejected_because"] and (over_run(row, row["speedup"], base_s, run_samples)
+                                                     > over_run(best, best["speedup"], base_s, run_samples))
 
 
-def _over_run(row: dict, speedup: float | None, base_s: float | None, run_samples: int | None) -> float | None:
+def over_run(row: dict, speedup: float | None, base_s: float | None, run_samples: int | None) -> float | None:
     """`speedup` (over the fp32 baseline's seconds per sample `base_s`) with the row's compile
     seconds spread over a run of `run_samples` samples; unchanged for a row that did not compile
     or when the run's length is not known."""
@@ -54,7 +54,7 @@ def _over_run(row: dict, speedup: float | None, base_s: float | None, run_sample
 def measured_part(row: dict) -> dict:
     """A row without what `choose` decides (so a choice can be made again)."""
     out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None, speedup_over_run=None)
-    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality")):
+    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality", "failed")):
         out["rejected_because"] = None
     return out
 
@@ -84,7 +84,7 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     base = baseline_row(rows)
 
     def speed(row: dict, key: str = "speedup") -> float | None:
-        return _over_run(row, row[key], base.get("seconds_per_sample"), run_samples)
+        return over_run(row, row[key], base.get("seconds_per_sample"), run_samples)
 
     for row in rows:
         if run_samples and row.get("compile_s") and row["speedup"] is not None:

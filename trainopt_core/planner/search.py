@@ -42,7 +42,12 @@ from .trial import Trial
 
 PRUNE_MARGIN = 1.25       # a prediction this far over the budget is not worth measuring
 NEAR_TIES = 3             # candidates within the noise of the choice timed once more, the choice included
-LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}  # |loss - fp32 loss| / |fp32 loss| on the probe batch
+# |loss - fp32 loss| / |fp32 loss| on the probe batch; TF32 keeps fp16's 10-bit mantissa in its products
+LOSS_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 3e-2, "fp16": 1e-2}
+
+
+def loss_tolerance(candidate: Candidate) -> float:
+    return LOSS_TOLERANCE["tf32" if candidate.tf32 and candidate.precision == "fp32" else candidate.precision]
 
 
 class Search:
@@ -73,6 +78,7 @@ class Search:
         self.windows_timed: dict[Candidate, tuple[list[float], list[float]]] = {}
         self.calibration = None
         self.compile_s = 0.0
+        self.compiled_modes: set[str] = set()  # torch.compile modes this search compiled graphs in
         self.progress = progress
         probe = EnergyMeter(device).start()
         probe.stop()
@@ -111,7 +117,8 @@ class Search:
             self._say(f"memory: {candidate.name}")
             self._make_room(row["predicted_memory_bytes"] or 0, keep=(Candidate(),))  # in every timing group
             measured = self._measure_one(candidate, row)
-            if measured is None and self.trials:  # perhaps only the other copies were in the way
+            if measured is None and self.trials and not row["rejected_because"].startswith("failed"):
+                # out of memory: perhaps only the other copies were in the way
                 self._release_copies(keep=())
                 measured = self._measure_one(candidate, row)
             if measured is None:
@@ -138,9 +145,9 @@ class Search:
         for candidate in ran:
             row, loss = self.rows[candidate], self.first_loss[candidate]
             row["loss_rel_diff"] = diff = abs(loss - base_loss) / max(abs(base_loss), 1e-12)
-            if not math.isfinite(loss) or diff > LOSS_TOLERANCE[candidate.precision]:
+            if not math.isfinite(loss) or diff > loss_tolerance(candidate):
                 row["rejected_because"] = (f"quality: the probe batch's loss differs from fp32's by {diff:.2e} "
-                                           f"(allowed {LOSS_TOLERANCE[candidate.precision]:.0e})")
+                                           f"(allowed {loss_tolerance(candidate):.0e})")
         return ran
 
     def _measure_one(self, candidate: Candidate, row: dict):
@@ -149,6 +156,7 @@ class Search:
         None after an out-of-memory error (recorded in the row)."""
         others_bytes = resident_bytes(self.device)
         inputs_bytes, error = None, None
+        graphs_before = graphs_compiled()
         try:
             trial, warmup_s = self._built(candidate)
             with contextlib.ExitStack() as stack:
@@ -157,17 +165,34 @@ class Search:
                 tracker = stack.enter_context(MemoryTracker(trial.tracked, trial.optimizer, self.device))
                 trial.step()
         except (torch.OutOfMemoryError, RuntimeError) as caught:
-            if not _is_out_of_memory(caught):
+            if not _is_out_of_memory(caught) and not candidate.compile:
                 raise
-            error = f"out of memory: {str(caught).splitlines()[0][:120]}"
+            if _is_out_of_memory(caught):
+                error = f"out of memory: {str(caught).splitlines()[0][:120]}"
+            else:  # compiling (or capturing CUDA graphs) failed: a speed option that does not run here
+                error = f"failed: compiling: {type(caught).__name__}: {str(caught).splitlines()[0][:160]}"
+        except Exception as caught:  # torch.compile's own errors (dynamo, inductor) are not RuntimeErrors
+            if not candidate.compile:
+                raise
+            error = f"failed: compiling: {type(caught).__name__}: {(str(caught).splitlines() or [''])[0][:160]}"
         if not self.ranks.all(error is None):  # on every process, or on none
-            row["rejected_because"] = error or "out of memory: on another process"
+            row["rejected_because"] = error or "failed or out of memory: on another process"
             trial = tracker = None
             _release(self.device)
             return None
         if candidate.compile:  # the compiling step, whole: compilation plus one step (the slowest process's)
             row["compile_s"] = self.ranks.max([warmup_s])[0]
             self.compile_s += row["compile_s"]
+            if self.ranks.all(graphs_compiled() > graphs_before):
+                self.compiled_modes.add(candidate.compile_mode)
+            elif candidate.compile_mode not in self.compiled_modes:
+                # dynamo's cache handed it the code another candidate compiled in another mode: not a
+                # measurement of itself (the same mode's code, reused, is what it would compile)
+                row["rejected_because"] = ("failed: compiling: dynamo compiled no graph for it (another compiled "
+                                           "candidate's code, cached in this process, ran instead)")
+                trial = tracker = None
+                _release(self.device)
+                return None
         return trial, tracker, others_bytes, (sum(inputs_bytes) / len(inputs_bytes) if inputs_bytes else None)
 
     def _built(self, candidate: Candidate, batch=None) -> tuple[Trial, float]:
@@ -345,6 +370,13 @@ class Search:
         tied = sorted((row for row in rows if row["feasible"] and row is not chosen
                        and cost_intervals_overlap(row, chosen)), key=lambda row: row["cost"])
         return [candidate_of(row) for row in [chosen] + tied[:most - 1]] if tied else []
+
+
+def graphs_compiled() -> int:
+    """How many graphs torch.compile (dynamo) has compiled in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _is_out_of_memory(error: BaseException) -> bool:

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 from ..checkpointing import resolve_segments
-from ..config import OptimizationConfig
+from ..config import OptimizationConfig, tf32_supported
 from .._errors import fail
 from ..measure.manifest import cpu_computes_bf16_natively
 
@@ -45,10 +45,12 @@ class Candidate:
     memory_format: str = "contiguous"
     compile: bool = False
     zero_stage: int = 0  # on more than one process: 0 DDP, 1-2 DeepSpeed ZeRO
+    compile_mode: str = "default"  # "reduce-overhead": compiled into CUDA graphs
+    tf32: bool = False  # fp32 matmuls and convolutions on TF32 tensor cores
 
     @property
     def name(self) -> str:
-        parts = [self.precision, f"k={self.k}"]
+        parts = [self.precision + (" TF32" if self.tf32 else ""), f"k={self.k}"]
         if self.checkpointing is not None:
             parts.append(f"checkpointing {self.checkpointing} segments" + (
                 f" {self.checkpoint_policy}" if self.checkpoint_policy != "full" else ""))
@@ -57,7 +59,7 @@ class Candidate:
         if self.memory_format != "contiguous":
             parts.append(self.memory_format)
         if self.compile:
-            parts.append("compiled")
+            parts.append("compiled" + (" (CUDA graphs)" if self.compile_mode == "reduce-overhead" else ""))
         if self.zero_stage:
             parts.append(f"ZeRO-{self.zero_stage}")
         return ", ".join(parts)
@@ -69,19 +71,48 @@ class Candidate:
         return OptimizationConfig(name="auto", **dataclasses.asdict(self))
 
 
-def precision_splits(batch_size: int, device: torch.device, ks: Sequence[int] | None, min_k: int = 1) -> list[Candidate]:
-    precisions = ("fp32",) + native_reduced_precisions(device)
-    splits = ks if ks is not None else [k for k in (1, 2, 4, 8) if batch_size % k == 0 and k >= min_k]
-    for k in splits:
+def splits(batch_size: int, ks: Sequence[int] | None, min_k: int = 1) -> list[int]:
+    """The micro-batch splits to try: `ks`, or the powers of two up to 8 that divide the batch
+    (at least `min_k`), fewest first."""
+    chosen = list(ks) if ks is not None else [k for k in (1, 2, 4, 8) if batch_size % k == 0 and k >= min_k]
+    for k in chosen:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1 or batch_size % k:
-            fail("ks", tuple(splits), f"integers >= 1 dividing the batch size {batch_size}")
-    if not any(k >= min_k for k in splits):
-        fail("ks", tuple(splits), f"at least one k >= {min_k} (adaptive accumulation needs >= 2 micro-batches "
+            fail("ks", tuple(chosen), f"integers >= 1 dividing the batch size {batch_size}")
+    if not any(k >= min_k for k in chosen):
+        fail("ks", tuple(chosen), f"at least one k >= {min_k} (adaptive accumulation needs >= 2 micro-batches "
              f"per step on one process), dividing the batch size {batch_size}")
-    candidates = [Candidate(p, k) for p in precisions for k in splits]
+    return chosen
+
+
+def precisions(device: torch.device) -> list[tuple[str, bool]]:
+    """(precision, tf32) pairs stage 1 tries on `device`: fp32, fp32 with TF32 where the GPU has
+    TF32 tensor cores, and the reduced precisions it computes natively."""
+    return ([("fp32", False)] + ([("fp32", True)] if tf32_supported(device) else [])
+            + [(p, False) for p in native_reduced_precisions(device)])
+
+
+def precision_splits(batch_size: int, device: torch.device, ks: Sequence[int] | None, min_k: int = 1) -> list[Candidate]:
+    candidates = [Candidate(p, k, tf32=tf32) for p, tf32 in precisions(device) for k in splits(batch_size, ks, min_k)]
     if Candidate() not in candidates:
         candidates.insert(0, Candidate())  # the baseline is always measured
     return sorted(candidates, key=lambda c: c != Candidate())
+
+
+def fewest_splits_that_fit(first: list[Candidate], ladder: Sequence[int], measure, does_not_fit) -> list[Candidate]:
+    """Stage 1 on a GPU, where a step's time follows its kernel launches more than its samples:
+    `first` (every precision at the fewest micro-batches, `ladder[0]`) measured, then each
+    precision whose split does not fit (`does_not_fit`: over the budget or out of memory) split
+    once more along `ladder`, until every precision has a split that fits or the ladder ends.
+    `measure(candidates)` measures new candidates. Returns every candidate measured."""
+    measure(first)
+    stage1 = list(first)
+    for fewer, more in zip(ladder, ladder[1:]):
+        further = [c.replace(k=more) for c in stage1 if c.k == fewer and does_not_fit(c)]
+        if not further:
+            break
+        measure(further)
+        stage1 += further
+    return stage1
 
 
 def checkpointed_twins(twin: Candidate, num_blocks: int) -> list[Candidate]:
@@ -100,8 +131,8 @@ def zero_twins(twin: Candidate) -> list[Candidate]:
 def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_factory, device: torch.device,
                          try_compile: bool) -> list[dict]:
     """The speed options to try on `best`: the optimizer's fused kernels (foreach where it has
-    none), channels-last for a model with convolutions, torch.compile where `try_compile` (the
-    last two not at a ZeRO stage)."""
+    none), channels-last for a model with convolutions, torch.compile where `try_compile` and on
+    CUDA also compiled into CUDA graphs (mode "reduce-overhead") (the last two not at a ZeRO stage)."""
     options = []
     probe = optimizer_factory([torch.nn.Parameter(torch.zeros(1, device=device))])
     # the fused kernel where the optimizer has one for this device, else foreach (fused does the
@@ -117,6 +148,10 @@ def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_fact
     if best.memory_format == "contiguous" and any(p.dim() == 4 for p in model.parameters()) and not best.zero_stage:
         options.append({"memory_format": "channels_last"})
     if try_compile and not best.compile and not best.zero_stage:
+        if device.type == "cuda":  # CUDA graphs: a launch-bound step stops paying for its launches
+            # first: built after a default-mode copy of the same model, it ran that copy's compiled
+            # code (dynamo's cache; an H200 under torch 2.11), while built first it compiles its own
+            options.append({"compile": True, "compile_mode": "reduce-overhead"})
         options.append({"compile": True})
     return options
 

@@ -59,13 +59,15 @@ class Trial:
 
     def _probe_loss(self) -> float:
         """The probe batch's mean loss at the initial weights (the same for every candidate), in
-        this candidate's precision and micro-batches, micro-batches weighted by their items. In
-        eval mode: dropout masks and BatchNorm's per-micro-batch statistics would make it differ
+        this candidate's precision and micro-batches, micro-batches weighted by their items, run
+        eagerly. In eval mode: dropout masks and BatchNorm's per-micro-batch statistics would make it differ
         between candidates for reasons that are not numerical."""
         training = self.forward.training
         self.forward.eval()
         try:
-            with torch.no_grad():
+            # eager: a compiled copy would otherwise compile (and capture) its evaluation too, time
+            # that its compile seconds do not count; the loss is the same computation
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
                 parts = [self._loss(micro) for micro in self.micro]
         finally:
             self.forward.train(training)

@@ -1,0 +1,170 @@
+"""The GPU levers of plan() and the configuration (TF32, CUDA graphs, the fewest micro-batches
+that fit, compiling only where the run can earn it back), checked where they can be without a
+GPU: not offered on a CPU, refused with the field named, and their logic run on fakes."""
+import pytest
+import torch
+from torch import nn
+
+from trainopt_core import OptimizationConfig, prepare
+from trainopt_core import precision as mp
+from trainopt_core.config import tf32_supported
+from trainopt_core.planner import COMPILE_FLOOR_S, plan
+from trainopt_core.planner import space
+from trainopt_core.planner.search import loss_tolerance
+from trainopt_core.planner.space import Candidate, fewest_splits_that_fit
+
+CPU = torch.device("cpu")
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10))
+
+
+def _batch(size=32):
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(size, 32, generator=generator), torch.randint(0, 10, (size,), generator=generator)
+
+
+def _optimizer(parameters):
+    return torch.optim.AdamW(parameters, lr=1e-3)
+
+
+# ----------------------------------------------------------------------------- configuration
+@pytest.mark.parametrize("fields, message", [
+    (dict(compile_mode="max"), "OptimizationConfig.compile_mode='max' is invalid: allowed one of ('default', "
+                               "'reduce-overhead')"),
+    (dict(compile_mode="reduce-overhead"), "'default' while compile is False"),
+    (dict(tf32=1), "OptimizationConfig.tf32=1 is invalid: allowed True or False"),
+])
+def test_the_gpu_fields_are_validated(fields, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        OptimizationConfig(**fields)
+
+
+def test_the_gpu_fields_at_their_defaults_keep_every_hash():
+    assert OptimizationConfig.baseline().config_hash() == "e4536eadcb"
+    assert "tf32" not in OptimizationConfig.baseline().computation_fields()
+    assert OptimizationConfig(tf32=True).config_hash() != "e4536eadcb"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+@pytest.mark.parametrize("fields, field", [(dict(tf32=True), "tf32"),
+                                           (dict(compile=True, compile_mode="reduce-overhead"), "compile_mode")])
+def test_a_gpu_lever_on_a_cpu_is_refused_naming_the_field(fields, field):
+    model = _model()
+    with pytest.raises(ValueError, match=f"OptimizationConfig.{field}=.* is invalid: allowed .* on cpu"):
+        prepare(model, _optimizer(model.parameters()), OptimizationConfig(**fields), micro_batch_size=8, device="cpu")
+
+
+def test_tf32_is_allowed_inside_and_put_back_after():
+    cudnn_before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        assert torch.get_float32_matmul_precision() == "highest"
+        with mp.tf32_allowed():
+            assert torch.get_float32_matmul_precision() == "high"
+            assert torch.backends.cudnn.allow_tf32
+            # the older and newer flags agree inside: reading either is no error
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+        assert not torch.backends.cuda.matmul.allow_tf32
+        with pytest.raises(KeyError), mp.tf32_allowed():  # put back when the block raises, too
+            raise KeyError
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.backends.cudnn.allow_tf32 = cudnn_before
+
+
+def test_tf32_autocast_enters_both_and_leaves_both():
+    with mp.autocast(CPU, "bf16", tf32=True):
+        assert torch.is_autocast_enabled("cpu") and torch.get_float32_matmul_precision() == "high"
+    assert not torch.is_autocast_enabled("cpu") and torch.get_float32_matmul_precision() == "highest"
+    with mp.autocast(CPU, "fp32", tf32=True):
+        assert not torch.is_autocast_enabled("cpu") and torch.get_float32_matmul_precision() == "high"
+
+
+# ----------------------------------------------------------------------------- the search space
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CPU's candidates")
+def test_on_a_cpu_neither_tf32_nor_cuda_graphs_is_offered():
+    assert not tf32_supported(CPU)
+    assert all(not tf32 for _, tf32 in space.precisions(CPU))
+    options = space.speed_option_changes(Candidate(), _model(), _optimizer, CPU, try_compile=True)
+    assert {"compile": True} in options
+    assert not any(option.get("compile_mode") == "reduce-overhead" for option in options)
+
+
+def test_on_a_tf32_gpu_stage_one_has_an_fp32_tf32_candidate(monkeypatch):
+    monkeypatch.setattr(space, "tf32_supported", lambda device: True)
+    monkeypatch.setattr(space, "native_reduced_precisions", lambda device: ("bf16", "fp16"))
+    cuda = torch.device("cuda")
+    assert space.precisions(cuda) == [("fp32", False), ("fp32", True), ("bf16", False), ("fp16", False)]
+    names = [c.name for c in space.precision_splits(64, cuda, [1])]
+    assert names == ["fp32, k=1", "fp32 TF32, k=1", "bf16, k=1", "fp16, k=1"]
+    assert Candidate(tf32=True).config().tf32
+    # TF32 keeps a 10-bit mantissa in its products: held to fp16's tolerance, not fp32's
+    assert loss_tolerance(Candidate(tf32=True)) == loss_tolerance(Candidate("fp16")) > loss_tolerance(Candidate())
+
+
+def test_cuda_graphs_are_offered_first_on_a_gpu_and_named(monkeypatch):
+    monkeypatch.setattr(torch.utils._foreach_utils, "_get_fused_kernels_supported_devices", lambda: ["cpu", "cuda"])
+    # the probe parameter the options are read from is built on the device: a CPU stands in for it
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: real_zeros(*a, **k))
+    options = space.speed_option_changes(Candidate("bf16"), _model(), _optimizer, torch.device("cuda"), True)
+    compiled = [o for o in options if o.get("compile")]
+    assert compiled == [{"compile": True, "compile_mode": "reduce-overhead"}, {"compile": True}]
+    graphs = Candidate("bf16").replace(**compiled[0])
+    assert graphs.name == "bf16, k=1, compiled (CUDA graphs)"
+    assert graphs.config().compile_mode == "reduce-overhead"
+
+
+def test_the_fewest_micro_batches_that_fit_come_first_and_a_precision_splits_only_until_it_fits():
+    measured = []
+    first = [Candidate("fp32", 1), Candidate("bf16", 1)]
+
+    def does_not_fit(c):  # fp32 fits from k=4 on, bf16 at once
+        return c.precision == "fp32" and c.k < 4
+
+    stage1 = fewest_splits_that_fit(first, [1, 2, 4, 8], measured.extend, does_not_fit)
+    assert [c.name for c in stage1] == ["fp32, k=1", "bf16, k=1", "fp32, k=2", "fp32, k=4"]
+    assert measured == stage1  # each measured once, in that order
+    # everything fits at once: nothing split
+    assert fewest_splits_that_fit(first, [1, 2, 4, 8], lambda cs: None, lambda c: False) == first
+
+
+# ----------------------------------------------------------------------------- compiling
+def test_a_run_shorter_than_a_compile_is_not_offered_compiling():
+    result = plan(_model(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2, steps_per_window=1,
+                  try_compile=True, run_samples=64)
+    assert not any(row["compile"] for row in result.rows)
+    note = next(n for n in result.notes if n.startswith("torch.compile not tried: the whole run"))
+    assert "64 samples" in note and f"{COMPILE_FLOOR_S:.0f} s" in note
+
+
+def test_a_candidate_whose_compiling_fails_is_rejected_and_the_plan_goes_on(monkeypatch):
+    class CompileError(Exception):  # torch.compile's own errors are no RuntimeErrors
+        pass
+
+    def failing_compile(self, *args, **kwargs):
+        def broken(*a, **k):
+            raise CompileError("backend failed")
+        self.forward = broken
+
+    monkeypatch.setattr(nn.Module, "compile", failing_compile)
+    result = plan(_model(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2, steps_per_window=1,
+                  try_compile=True)
+    compiled = [row for row in result.rows if row["compile"]]
+    assert len(compiled) == 1 and compiled[0]["peak_memory_bytes"] is None
+    assert compiled[0]["rejected_because"].startswith("failed: compiling: CompileError: backend failed")
+    assert not result.config.compile
+
+
+def test_a_compiled_candidate_that_compiled_nothing_in_a_mode_not_compiled_before_is_rejected(monkeypatch):
+    # dynamo's cache can hand a new compiled copy another mode's compiled code (seen on an H200):
+    # no new graph compiled for it means it was not measured as itself
+    monkeypatch.setattr(nn.Module, "compile", lambda self, *a, **k: None)
+    result = plan(_model(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2, steps_per_window=1,
+                  try_compile=True)
+    compiled = next(row for row in result.rows if row["compile"])
+    assert compiled["rejected_because"].startswith("failed: compiling: dynamo compiled no graph for it")
