@@ -17,7 +17,7 @@ notebook_for() {  # section -> notebook (a function, not an associative array: b
 
 usage() {
     cat <<USAGE
-Usage: ./run_all.sh [--profile smoke|quick|paper] [--seeds N] [--sections LIST]
+Usage: ./run_all.sh [--profile smoke|quick|paper|gpu] [--seeds N] [--sections LIST]
                     [--tasks LIST] [--data-policy auto|real|standin] [--reports-dir DIR]
 
 Runs the section notebooks with papermill into reports/<profile>/ and writes reports/README.md.
@@ -26,6 +26,7 @@ measured again; those made here are reused, so an interrupted reproduction resum
 
   --profile      smoke (seconds per run), quick (default; a 2-core CPU in well under an hour),
                  paper (the paper's setup; needs GPUs and the real data sets)
+                 gpu (the paper's models and batches in short runs: about 6 minutes of one H100)
   --seeds N      seeds per configuration, N >= 1 (default 3: the fewest with a usable 95 % CI)
   --sections     comma-separated subset of $SECTIONS_ALL (default: all, in this order)
   --tasks        comma-separated subset of cifar10,wikitext2 (default: both)
@@ -68,7 +69,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-case "$profile" in smoke|quick|paper) ;; *) fail_usage "--profile '$profile' is invalid: allowed smoke, quick, paper" ;; esac
+case "$profile" in smoke|quick|paper|gpu) ;; *) fail_usage "--profile '$profile' is invalid: allowed smoke, quick, paper, gpu" ;; esac
 [[ "$seeds" =~ ^[1-9][0-9]*$ ]] || fail_usage "--seeds '$seeds' is invalid: allowed an integer >= 1"
 case "$data_policy" in auto|real|standin) ;; *) fail_usage "--data-policy '$data_policy' is invalid: allowed auto, real, standin" ;; esac
 for task in ${tasks//,/ }; do

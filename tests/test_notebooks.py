@@ -65,7 +65,7 @@ def test_stored_notebooks_are_what_the_generator_writes(tmp_path):
 
 
 def test_run_all_rejects_bad_arguments_naming_value_and_allowed():
-    for args, message in ((["--profile", "huge"], "--profile 'huge' is invalid: allowed smoke, quick, paper"),
+    for args, message in ((["--profile", "huge"], "--profile 'huge' is invalid: allowed smoke, quick, paper, gpu"),
                           (["--seeds", "0"], "--seeds '0' is invalid"),
                           (["--sections", "01,07"], "'07' is invalid"),
                           (["--frobnicate"], "unknown argument '--frobnicate'")):

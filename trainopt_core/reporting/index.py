@@ -241,7 +241,7 @@ def write_table(table: pd.DataFrame, out_dir: str | os.PathLike, name: str, capt
 
 # ------------------------------------------------------------------ reports/README.md
 def _profile_dirs(root: Path) -> list[Path]:
-    order = {"smoke": 0, "quick": 1, "paper": 2}
+    order = {"smoke": 0, "quick": 1, "gpu": 2, "paper": 3}
     found = [p for p in root.iterdir() if p.is_dir() and any((p / sub).is_dir() for sub in SUBDIRS)] if root.is_dir() else []
     return sorted(found, key=lambda p: (order.get(p.name, 9), p.name))
 

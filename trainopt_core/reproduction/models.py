@@ -18,7 +18,7 @@ from torchvision.models.resnet import Bottleneck, ResNet
 from .._errors import fail as _fail
 
 MODEL_KINDS = ("resnet", "gpt2")
-PROFILES = ("paper", "quick", "smoke")
+PROFILES = ("paper", "quick", "smoke", "gpu")
 
 # One attention implementation for every GPT-2 configuration, so that precision, checkpointing
 # and batch-size comparisons never mix attention kernels. PyTorch's scaled_dot_product_attention
@@ -34,6 +34,11 @@ GPT2_ATTN_IMPLEMENTATION = "sdpa"
 # 50257-way LM head and its loss (2 blocks cost the same as 4).
 MODEL_SIZES: dict[str, dict[str, dict]] = {
     "paper": {
+        "resnet": {"layers": (3, 4, 6, 3), "width": 64},
+        "gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "seq_len": 1024, "n_positions": 1024},
+    },
+    # the paper's models, in runs sized for one GPU session (reproduction.profiles)
+    "gpu": {
         "resnet": {"layers": (3, 4, 6, 3), "width": 64},
         "gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "seq_len": 1024, "n_positions": 1024},
     },
@@ -162,7 +167,7 @@ def gpt2_model(
 
 # ----------------------------------------------------------------------------- profiles
 def model_size(model_kind: str, profile: str) -> dict:
-    """The size parameters of `model_kind` ("resnet" | "gpt2") in `profile` ("paper" | "quick" | "smoke")."""
+    """The size parameters of `model_kind` ("resnet" | "gpt2") in `profile` (`PROFILES`)."""
     if model_kind not in MODEL_KINDS:
         _fail("model_kind", model_kind, f"one of {MODEL_KINDS}")
     if profile not in PROFILES:

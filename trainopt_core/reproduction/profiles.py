@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .models import MODEL_SIZES
 
-PROFILES = ("smoke", "quick", "paper")
+PROFILES = ("smoke", "quick", "paper", "gpu")
 TASKS = ("cifar10", "wikitext2")
 
 
@@ -94,6 +94,22 @@ _PROFILES = {
         eval_samples=240, lr=1e-4, target=45.0, throughput_warmup_steps=20, timing_windows_per_seed=4,
         timing_steps_per_window=10, checkpoint_every_minutes=10.0,
     ),
+    # The paper's models and batches (§IV) in runs sized for one GPU session: baseline, optimized
+    # and `auto` of both tasks -- their runs, interleaved timing, peaks, energy and FLOPs
+    # utilization -- in about 6 minutes on one H100 (scripts/gpu_campaign.py). Far too short to
+    # reach the paper's targets, which they keep: time to target is the paper profile's.
+    ("cifar10", "gpu"): _task(
+        "cifar10", "gpu",
+        baseline_batch_size=128, train_samples=8_192, epochs=1, eval_every_samples=4_096,
+        eval_samples=2_048, lr=1e-4, target=0.85, throughput_warmup_steps=5, timing_windows_per_seed=6,
+        timing_steps_per_window=5, standin_sizes=dict(standin_train_size=8_192, standin_test_size=2_048),
+    ),
+    ("wikitext2", "gpu"): _task(
+        "wikitext2", "gpu",
+        baseline_batch_size=32, train_samples=None, epochs=4, eval_every_samples=256,
+        eval_samples=64, lr=1e-4, target=45.0, throughput_warmup_steps=5, timing_windows_per_seed=6,
+        timing_steps_per_window=3,
+    ),
     ("cifar10", "quick"): _task(
         "cifar10", "quick",
         baseline_batch_size=128, train_samples=8_000, epochs=2, eval_every_samples=1_280,
@@ -127,7 +143,7 @@ def get_profile(task: str, profile: str) -> TaskProfile:
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r} is invalid: allowed {PROFILES}")
     prof = _PROFILES[(task, profile)]
-    calibrated = _CALIBRATED_TARGETS.get(profile, {}).get(task) if profile != "paper" else None
+    calibrated = _CALIBRATED_TARGETS.get(profile, {}).get(task) if profile not in ("paper", "gpu") else None
     return prof if calibrated is None else dataclasses.replace(prof, target=calibrated)
 
 
