@@ -1,0 +1,87 @@
+"""scripts/gpu_campaign.py, the one command a GPU session runs: its arguments, and a rehearsal of
+its plumbing on the CPU at smoke sizes -- every stage, the files it leaves, resuming, the budget."""
+import json
+import tarfile
+
+import pytest
+import torch
+
+from conftest import load_script
+from trainopt_core.reproduction.models import MODEL_SIZES
+from trainopt_core.reproduction.profiles import get_profile
+
+
+@pytest.fixture(scope="module")
+def campaign():
+    return load_script("scripts/gpu_campaign.py")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cpu"], "--device cpu is allowed with --profile smoke only"),
+    (["--device", "cpu", "--profile", "smoke", "--stages", "runs:cifar100"], "--stages: 'runs:cifar100' is invalid"),
+    (["--device", "cpu", "--profile", "smoke", "--budget-s", "0"], "--budget-s=0.0 is invalid"),
+    (["--device", "cpu", "--profile", "quick"], "--profile 'quick' is invalid: allowed gpu or smoke"),
+    (["--device", "cpu", "--profile", "smoke", "--resume", "/nonexistent"], "--resume /nonexistent: no summary.json"),
+])
+def test_bad_arguments_name_the_value_and_what_is_allowed(campaign, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["--out", "unused", *argv])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+def test_without_cuda_it_stops_and_says_how_to_rehearse(campaign, capsys):
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["--out", "unused"])
+    assert "no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_the_gpu_profile_is_the_papers_models_and_batches_in_short_runs():
+    assert MODEL_SIZES["gpu"] == MODEL_SIZES["paper"]
+    for task, batch in (("cifar10", 128), ("wikitext2", 32)):
+        gpu, paper = get_profile(task, "gpu"), get_profile(task, "paper")
+        assert gpu.model == paper.model and gpu.seq_len == paper.seq_len
+        assert gpu.baseline_batch_size == paper.baseline_batch_size == batch
+        assert gpu.target == paper.target  # not calibrated: the runs are far too short to reach it
+        assert gpu.timing_windows_per_seed >= 6  # one seed, and still an interval from enough windows
+
+
+@pytest.mark.slow
+def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    # a budget already spent: every stage is left for the resuming call
+    assert campaign.main(["--out", str(first), "--device", "cpu", "--profile", "smoke", "--stages", "loops",
+                          "--budget-s", "1e-9"]) == 0
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["stages_done"] == [] and summary["stages_left"] == ["loops"]
+    assert campaign.main(["--out", str(first), "--device", "cpu", "--profile", "smoke",
+                          "--stages", "runs:wikitext2,plan:cifar10,loops,profile:wikitext2"]) == 0
+    assert campaign.main(["--out", str(second), "--resume", str(first), "--device", "cpu", "--profile", "smoke",
+                          "--stages", "runs:wikitext2,plan:cifar10,loops,profile:wikitext2,plan:wikitext2"]) == 0
+    summary = json.loads((second / "summary.json").read_text())
+    # the first call's stages kept, only the new one run
+    assert summary["stages_done"] == ["runs:wikitext2", "plan:cifar10", "loops", "profile:wikitext2", "plan:wikitext2"]
+    assert sorted(p.name for p in second.iterdir()) == ["environment.json", "profiles.txt", "records.tar.gz",
+                                                       "summary.json", "summary.md"]
+    configs = summary["tasks"]["wikitext2"]["configs"]
+    assert list(configs) == ["baseline", "optimized", "auto"]
+    for name, entry in configs.items():
+        assert entry["throughput"] > 0 and entry["throughput_ci"][0] is not None
+        assert entry["training_step_peak_bytes"] > 0 and 0 < entry["mfu"] < 1
+        assert (entry["speedup"] is None) == (name == "baseline")
+    assert configs["auto"]["planning_s"] > 0 and configs["auto"]["plan_choice"]
+    assert summary["tasks"]["wikitext2"]["recompute_overhead"]["segments"] >= 1
+    assert set(summary["plans"]) == {"cifar10", "wikitext2"}
+    assert summary["plans"]["cifar10"]["candidates"][0]["candidate"] == "fp32, k=1"
+    loops = summary["loops"]["loops"]
+    assert {"hand loop", "trainopt engine"} <= set(loops) and loops["trainopt engine"]["vs_hand"] > 0
+    goals = {g["goal"]: g for g in summary["goals"]}
+    assert "trainopt engine >= 0.99x the hand-written loop" in goals
+    assert any(goal.startswith("planning <= 60 s (wikitext2") for goal in goals)
+    with tarfile.open(second / "records.tar.gz") as tar:
+        names = tar.getnames()
+    assert "smoke/timing/throughput__wikitext2.json" in names  # the first call's records travel on
+    assert "plans_at_paper_size/smoke/plan__wikitext2.json" in names
+    text = (second / "summary.md").read_text()
+    assert text.index("## Goals") < text.index("## wikitext2") and "NOT WikiText-2" in text
+    assert "## wikitext2: auto (" in (second / "profiles.txt").read_text()
