@@ -12,6 +12,9 @@
    step with the vocabulary padded to 50,304 (a multiple of 64), timed interleaved.
 
     python scripts/gpu_levers_probe.py --out DIR [--device cpu --tiny]
+
+Environment: PROBE_PRECISION (bf16, the default, or fp16) is the ResNet's precision;
+PROBE_SKIP_GPT2=1 leaves out the GPT-2 part.
 """
 from __future__ import annotations
 

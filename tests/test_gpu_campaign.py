@@ -85,3 +85,17 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     text = (second / "summary.md").read_text()
     assert text.index("## Goals") < text.index("## wikitext2") and "NOT WikiText-2" in text
     assert "## wikitext2: auto (" in (second / "profiles.txt").read_text()
+
+
+def test_the_reports_index_lists_each_gpu_campaigns_goals(tmp_path):
+    from trainopt_core.reporting.index import write_reports_index
+
+    folder = tmp_path / "gpu" / "some-gpu" / "campaign"
+    folder.mkdir(parents=True)
+    goals = [{"goal": "GPT-2 auto MFU >= 30 %", "measured": "13.5 % [13.5, 13.6]", "verdict": "not met"}]
+    (folder / "summary.json").write_text(json.dumps({"device": "Some GPU", "goals": goals}))
+    index = write_reports_index(tmp_path).read_text()
+    assert "## GPU campaigns" in index and "### Some GPU: [gpu/some-gpu/](gpu/some-gpu/README.md)" in index
+    assert "| GPT-2 auto MFU >= 30 % | 13.5 % [13.5, 13.6] | not met |" in index
+    (folder / "summary.json").unlink()
+    assert "GPU campaigns" not in write_reports_index(tmp_path).read_text()

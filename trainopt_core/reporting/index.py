@@ -6,6 +6,8 @@ actually ran (with the profile's notes, e.g. fp16 -> bf16 on CPU) and the hardwa
 """
 from __future__ import annotations
 
+import json
+
 import math
 import os
 from pathlib import Path
@@ -287,6 +289,25 @@ def write_reports_index(reports_root: str | os.PathLike) -> Path:
         lines += ["", "### Executed notebooks", ""]
         lines += [f"- [{n.name}]({rel}/notebooks/{n.name})" for n in notebooks] or ["_None yet._"]
         lines += [""]
+    lines += gpu_campaign_lines(root)
     path = root / "README.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def gpu_campaign_lines(root: Path) -> list[str]:
+    """The goals of every GPU campaign kept under ``<root>/gpu/<gpu>/campaign/`` (scripts/gpu_campaign.py),
+    each with a link to its folder's report."""
+    found = sorted((root / "gpu").glob("*/campaign/summary.json")) if (root / "gpu").is_dir() else []
+    if not found:
+        return []
+    lines = ["## GPU campaigns", "",
+             "The paper's models and batches on one GPU (`scripts/gpu_campaign.py`, the `gpu` profile's short runs on "
+             "the labeled stand-ins): the goals each campaign measured against; the folder's README has the rest.", ""]
+    for path in found:
+        summary = json.loads(path.read_text())
+        folder = path.parents[1].relative_to(root).as_posix()
+        lines += [f"### {summary.get('device', path.parents[1].name)}: [{folder}/]({folder}/README.md)", "",
+                  "| goal | measured | verdict |", "|---|---|---|"]
+        lines += [f"| {g['goal']} | {g['measured']} | {g['verdict']} |" for g in summary.get("goals", [])] + [""]
+    return lines
