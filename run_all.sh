@@ -125,3 +125,6 @@ if [ ${#failures[@]} -gt 0 ]; then
     exit 1
 fi
 echo "[run_all] all sections done in $(( $(date +%s) - run_start )) s; see $reports_root/README.md"
+echo
+python -m trainopt_core.reporting.summary "$reports_root" --profile "$profile" \
+    || echo "[run_all] the summary of $reports_root/$profile could not be printed" >&2

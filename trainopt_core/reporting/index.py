@@ -14,94 +14,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from .environment import describe_hardware, describe_manifest
 from .results import load_records, resolve_reports_dir
+from .summary import profile_summary
 from .._errors import fail as _fail
 
 # Layout of one profile's folder under reports/.
 SUBDIRS = {"runs": "JSON run records", "timing": "interleaved throughput windows, scaling launches, operation profiles and recompute timings (JSON)",
            "tables": "CSV numbers + captioned Markdown",
            "figures": "PNG", "notebooks": "the executed notebooks"}
-
-
-# ------------------------------------------------------------------ manifest
-def _flatten(value, prefix: str = "") -> dict[str, str]:
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    if isinstance(value, (list, tuple)):
-        return {prefix: ", ".join(str(v) for v in value)}
-    return {prefix: str(value)}
-
-
-def _find(manifest: dict, *words: str) -> dict[str, str]:
-    flat = _flatten(manifest)
-    return {k: v for k, v in flat.items() if any(w in k.lower() for w in words) and v not in ("None", "")}
-
-
-def describe_hardware(manifest: dict) -> str:
-    """One line naming the device(s) of a run from its manifest (`measure.run_manifest`):
-    GPU names (and driver) when CUDA ran, else the CPU model and its logical cores."""
-    if not manifest:
-        return ""
-    hardware = manifest.get("hardware") or {}
-    gpus = [g for g in hardware.get("gpus") or [] if isinstance(g, dict)]
-    device = str(manifest.get("device") or "")
-    if gpus and not device.startswith("cpu"):
-        names = [g.get("name", "?") for g in gpus]
-        counts = {n: names.count(n) for n in dict.fromkeys(names)}
-        driver = gpus[0].get("driver")
-        return "GPU " + ", ".join(f"{c}x {n}" for n, c in counts.items()) + (f" (driver {driver})" if driver else "")
-    if hardware.get("cpu_model") or hardware.get("cpu_logical_cores"):
-        cores = hardware.get("cpu_logical_cores")
-        details = [hardware.get("cpu_id"), hardware.get("cpu_isa"), f"{cores} logical cores" if cores else None]
-        details = [d for d in details if d]
-        return f"CPU {hardware.get('cpu_model') or 'unknown model'}" + (f" ({', '.join(details)})" if details else "")
-    # another manifest layout: whatever names a device
-    found = _find(manifest, "gpu", "cpu", "device")
-    return "; ".join(f"{k}={v}" for k, v in list(found.items())[:3])
-
-
-def describe_manifest(records: list[dict]) -> dict[str, str]:
-    """The environment of a set of runs, for the reports index: data sources, models, hardware,
-    library versions, git commit(s) and the date range, gathered from the records' manifests."""
-    def distinct(values):
-        return "; ".join(sorted({str(v) for v in values if v})) or "—"
-
-    manifests = [r.get("manifest", {}) or {} for r in records]
-    versions: dict[str, set] = {}
-    for m in manifests:
-        libraries = m.get("libraries") or m.get("versions") or {}
-        for name, version in (libraries.items() if isinstance(libraries, dict) else []):
-            if version:
-                versions.setdefault(name, set()).add(str(version))
-    commits = []
-    for m in manifests:
-        git = m.get("git") if isinstance(m.get("git"), dict) else {}
-        commit = git.get("commit") or m.get("git_commit")
-        if commit:
-            commits.append(f"{commit}{' (uncommitted changes)' if git.get('dirty') else ''}")
-    dates = sorted(str(m.get("date_utc") or m.get("date")) for m in manifests if m.get("date_utc") or m.get("date"))
-    off_pins = [m["releases_off_pins"] for m in manifests if isinstance(m.get("releases_off_pins"), dict)]
-    off = sorted({f"{name} {version}" for found in off_pins for name, version in found.items()})
-    if not off_pins:
-        pinned = "not recorded"
-    else:
-        pinned = f"installed at other releases: {', '.join(off)}" if off else "every installed package at its pin"
-        if len(off_pins) < len(manifests):
-            pinned += f" ({len(off_pins)} of {len(manifests)} runs recorded it)"
-    return {
-        "Data": distinct(r.get("data_source") for r in records),
-        "Models": distinct(r.get("model_name") for r in records),
-        "Hardware": distinct(describe_hardware(m) for m in manifests),
-        "Versions": ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in sorted(versions.items())) or "—",
-        "Pinned releases (constraints.txt)": pinned,
-        "Git commit": distinct(commits),
-        "Date (UTC)": (dates[0] if dates[0] == dates[-1] else f"{dates[0]} … {dates[-1]}") if dates else "—",
-        "Runs": f"{len(records)} complete record(s): " + distinct(
-            f"{r.get('task')}/{r.get('config_name')}" for r in records),
-    }
 
 
 # ------------------------------------------------------------------ captions
@@ -249,20 +170,23 @@ def _profile_dirs(root: Path) -> list[Path]:
 
 
 def write_reports_index(reports_root: str | os.PathLike) -> Path:
-    """Write ``<reports_root>/README.md``: for every profile present, the environment of its
-    runs (from the records' manifests), every table inline, every figure linked and the
+    """Write ``<reports_root>/README.md``: for every profile present, first the summary of whether
+    the paper's claims held (`summary.summary_markdown`), then the environment of its runs (from the records' manifests), every table inline, every figure linked and the
     executed notebooks. Returns the path."""
     root = resolve_reports_dir(reports_root)
     root.mkdir(parents=True, exist_ok=True)
-    lines = ["# Reports", "",
-             "Generated from the JSON run records by the notebooks (`./run_all.sh`). Each profile folder "
+    profiles = _profile_dirs(root)
+    lines = ["# Reports", ""]
+    for folder in profiles:  # the answer first: did the claims hold, per profile
+        if (folder / "tables").is_dir():
+            lines += [profile_summary(root, folder.name).rstrip("\n"), ""]
+    lines += ["Generated from the JSON run records by the notebooks (`./run_all.sh`). Each profile folder "
              "holds " + ", ".join(f"`{k}/` ({v})" for k, v in SUBDIRS.items()) + ".",
              "Paper values are the paper's claims; measured values come from the runs listed. "
              "Measured values are means ± half their 95 % CI (over seeds; over interleaved timing windows "
              "for throughput). A claim is judged only when the whole CI of the measured change clears the "
              "rule: *held* when it lies at or beyond half the claimed change (quality: within ±0.5 %), "
              "*not held* when it lies entirely short of it, *inconclusive* otherwise.", ""]
-    profiles = _profile_dirs(root)
     if not profiles:
         lines += ["_No profile has been run yet._", ""]
     for folder in profiles:

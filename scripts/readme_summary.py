@@ -1,0 +1,35 @@
+"""Writes the reference summary (did the paper's claims hold, reports/quick/) into README.md,
+between its <!-- summary:start --> and <!-- summary:end --> lines; tests/test_summary.py checks
+the two agree.
+
+    python scripts/readme_summary.py
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from trainopt_core.reporting.summary import profile_summary  # noqa: E402
+
+START, END = "<!-- summary:start -->\n", "<!-- summary:end -->"
+
+
+def main() -> int:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if START not in text or END not in text:
+        print(f"README.md has no {START.strip()} ... {END} block", file=sys.stderr)
+        return 1
+    block = START + profile_summary(ROOT / "reports", "quick") + END
+    readme.write_text(re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S))
+    print(f"wrote the summary of reports/quick into {readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

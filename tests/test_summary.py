@@ -1,0 +1,99 @@
+"""The summary of whether the paper's claims held: generated from the tables, equal to them, and
+leading every surface (reports/README.md, README.md, the end of ./run_all.sh)."""
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from trainopt_core.reporting.index import write_reports_index
+from trainopt_core.reporting.summary import PLUMBING, counts, main, profile_summary, summary_markdown, verdict_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "reports"
+TABLES = REFERENCE / "quick" / "tables"
+
+
+def _md_rows(name: str) -> list[list[str]]:
+    lines = [line for line in (TABLES / f"{name}.md").read_text().splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    return header, [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
+
+
+def test_the_reference_summary_counts_every_judged_claim_of_tables_one_to_four():
+    summary = verdict_summary(TABLES)
+    # Tables I (5 claims) and II (4: the paper claims no GPT-2 FLOPs utilization), III (4 rungs x time,
+    # memory; the paper's ladder is the ResNet's only), IV (2 measured world sizes; modelled rows are not judged)
+    assert summary["table"].value_counts().to_dict() == {"I": 5, "II": 4, "III": 8, "IV": 2}
+    assert sum(counts(summary).values()) == len(summary) == 19
+
+
+@pytest.mark.parametrize("name, numeral, model", [("table1_resnet", "I", "ResNet"), ("table2_gpt2", "II", "GPT-2")])
+def test_each_main_table_row_says_in_the_summary_what_the_table_says(name, numeral, model):
+    summary = verdict_summary(TABLES)
+    header, rows = _md_rows(name)
+    col = {title: header.index(title) for title in header}
+    for row in rows:
+        claim = f"{model} {row[col['Metric']][0].lower()}{row[col['Metric']][1:]}"
+        found = summary[(summary["table"] == numeral) & (summary["claim"] == claim)]
+        if row[col["Claim held?"]] == "no claim":
+            assert found.empty
+            continue
+        entry = found.iloc[0]
+        assert entry["verdict"] == row[col["Claim held?"]]
+        assert entry["paper"] == row[col["Paper change"]]
+        assert entry["measured"] == row[col["Measured change (95% CI)"]]
+        assert entry["auto"] == row[col["Auto change (95% CI)"]]
+
+
+def test_the_ablation_and_scaling_rows_say_what_their_tables_say():
+    summary = verdict_summary(TABLES).set_index("claim")
+    ablation = pd.read_csv(TABLES / "table3_ablation_resnet.csv")
+    rung = ablation[ablation["config"] == "+lr_schedule"].iloc[0]
+    assert summary.loc["ResNet +lr_schedule: time to target", "verdict"] == rung["claim_held_time"]
+    assert summary.loc["ResNet +lr_schedule: peak memory", "verdict"] == rung["claim_held_memory"]
+    scaling = pd.read_csv(TABLES / "table4_scaling_resnet.csv")
+    measured = scaling[(scaling["world_size"] == 2) & (scaling["source"] == "measured") & (scaling["config"] == "optimized")]
+    row = summary.loc["ResNet optimized: scaling efficiency, 2 processes"]
+    assert row["verdict"] == measured.iloc[0]["claim_held"]
+    assert row["measured"].startswith(f"{100 * measured.iloc[0]['efficiency']:.1f}%")
+
+
+def test_the_markdown_leads_with_the_counts_and_marks_each_verdict_with_its_symbol():
+    text = profile_summary(REFERENCE, "quick")
+    first = text.splitlines()[0]
+    found = dict((category, int(n)) for n, category in re.findall(r"(\d+) [✓✗?–] ([a-z ]+?)(?= ·|\.)", first))
+    assert found == {k: v for k, v in counts(verdict_summary(TABLES)).items() if v}
+    assert "| I | ResNet peak memory | -25.6% |" in text and "✓ held" in text and "✗ not held" in text
+    assert "NOT CIFAR-10" in text and "NOT WikiText-2" in text  # the stand-ins are named as such
+
+
+def test_a_smoke_profile_is_a_plumbing_check_without_verdicts(tmp_path):
+    shutil.copytree(TABLES, tmp_path / "tables")
+    text = summary_markdown(tmp_path / "tables", profile="smoke")
+    assert PLUMBING in text.splitlines()[0]
+    assert not any(symbol in text for symbol in ("✓", "✗")) and text.count(PLUMBING) == 1 + 19
+
+
+def test_no_tables_yet_says_so_and_the_command_line_names_the_folder(tmp_path, capsys):
+    assert "No claim of Tables I-IV measured yet" in summary_markdown(tmp_path, profile="quick")
+    with pytest.raises(ValueError, match="reports_dir=.* is invalid: allowed a reports folder holding <profile>/tables/"):
+        main([str(tmp_path), "--profile", "quick"])
+    assert main([str(REFERENCE), "--profile", "quick"]) == 0
+    assert capsys.readouterr().out == profile_summary(REFERENCE, "quick")
+
+
+def test_the_reports_index_opens_with_the_summary(tmp_path):
+    shutil.copytree(REFERENCE / "quick" / "tables", tmp_path / "quick" / "tables")
+    index = write_reports_index(tmp_path).read_text()
+    assert index.startswith("# Reports\n\n**Did the paper's claims hold? Profile `quick`:**")
+
+
+def test_the_readme_shows_the_reference_summary_as_generated():
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- summary:start -->\n(.*?)<!-- summary:end -->", text, re.S)
+    assert block, "README.md has no <!-- summary:start --> ... <!-- summary:end --> block"
+    assert block.group(1) == profile_summary(REFERENCE, "quick"), (
+        "README.md's summary differs from the reference reports: python scripts/readme_summary.py writes it again")
+

@@ -1,0 +1,153 @@
+"""Did the paper's claims hold? One row per claim of Tables I-IV, from a profile's tables.
+
+Each row: the claim, the paper's change, the measured change with its 95 % CI, the verdict with
+a symbol (✓ held, ✗ not held, ? inconclusive, – not measured; `verdicts` has the rule), and the
+`auto` configuration's measured change beside it (the paper claims nothing for `auto`, so it has
+no verdict). The tables are the ones the notebooks write from the run records
+(``reports/<profile>/tables/*.csv``), so the summary says exactly what they say. A `smoke`
+profile is a plumbing check: its rows carry no verdict.
+
+    python -m trainopt_core.reporting.summary [REPORTS_DIR] [--profile quick]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from .environment import describe_manifest
+from .results import load_records
+from .tables import format_change
+from .verdicts import verdict_category
+from .._errors import fail as _fail
+
+SYMBOLS = {"held": "✓", "not held": "✗", "inconclusive": "?", "not measured": "–"}
+PLUMBING = "plumbing check — not evidence"
+# (table file, the table's name in the summary, task)
+_MAIN = (("table1_resnet", "I", "ResNet"), ("table2_gpt2", "II", "GPT-2"))
+_ABLATION = (("table3_ablation_resnet", "ResNet"), ("table3_ablation_gpt2", "GPT-2"))
+_SCALING = (("table4_scaling_resnet", "ResNet"),)
+_NOT_JUDGED = ("no claim", "—", "modelled, not judged")
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _change(row, key: str) -> str:
+    return format_change(_number(row.get(key)), (_number(row.get(f"{key}_ci_low")), _number(row.get(f"{key}_ci_high"))))
+
+
+def _pct(value) -> str:
+    value = _number(value)
+    return "—" if not math.isfinite(value) else f"{100 * value:+.1f}%"
+
+
+def _read(tables_dir: Path, name: str) -> pd.DataFrame | None:
+    path = tables_dir / f"{name}.csv"
+    return pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else None
+
+
+def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
+    """One row per judged claim of Tables I-IV in `tables_dir`: table, claim, paper change,
+    measured change (95 % CI), verdict, its category, and `auto`'s change (95 % CI) or "—"."""
+    tables_dir = Path(tables_dir)
+    rows = []
+    for name, numeral, model in _MAIN:
+        table = _read(tables_dir, name)
+        for _, r in (table if table is not None else pd.DataFrame()).iterrows():
+            if r["claim_held"] in _NOT_JUDGED:
+                continue
+            rows.append(dict(table=numeral, claim=f"{model} {r['metric'][0].lower()}{r['metric'][1:]}", paper=_pct(r["paper_relative"]),
+                             measured=_change(r, "measured_relative"), verdict=r["claim_held"],
+                             auto=_change(r, "measured_auto_relative") if "measured_auto_relative" in r else "—"))
+    for name, model in _ABLATION:
+        table = _read(tables_dir, name)
+        if table is None:
+            continue
+        auto = table[table["config"] == "auto"]
+        auto = auto.iloc[0] if len(auto) else None
+        for _, r in table.iterrows():
+            for short, what in (("time", "time to target"), ("memory", "peak memory")):
+                if r[f"claim_held_{short}"] in _NOT_JUDGED:
+                    continue
+                rows.append(dict(table="III", claim=f"{model} {r['config']}: {what}",
+                                 paper=_pct(r[f"paper_{short}_change"]), measured=_change(r, f"measured_{short}_change"),
+                                 verdict=r[f"claim_held_{short}"],
+                                 auto="—" if auto is None else _change(auto, f"measured_{short}_change")))
+    for name, model in _SCALING:
+        table = _read(tables_dir, name)
+        for _, r in (table if table is not None else pd.DataFrame()).iterrows():
+            if str(r["claim_held"]) in _NOT_JUDGED:
+                continue
+            efficiency, low, high = (_number(r[k]) for k in ("efficiency", "efficiency_ci_low", "efficiency_ci_high"))
+            measured = "—" if not math.isfinite(efficiency) else f"{100 * efficiency:.1f}%" + (
+                f" [{100 * low:.1f}, {100 * high:.1f}]" if math.isfinite(low) and math.isfinite(high) else "")
+            rows.append(dict(table="IV", claim=f"{model} {r['config']}: scaling efficiency, {int(r['world_size'])} "
+                                                f"processes", paper=f"{100 * _number(r['paper_efficiency']):.1f}%",
+                             measured=measured, verdict=r["claim_held"], auto="—"))
+    frame = pd.DataFrame(rows, columns=["table", "claim", "paper", "measured", "verdict", "auto"])
+    frame["category"] = [verdict_category(v) for v in frame["verdict"]]
+    return frame
+
+
+def counts(summary: pd.DataFrame) -> dict[str, int]:
+    """How many claims fell in each category (held, not held, inconclusive, not measured)."""
+    return {category: int((summary["category"] == category).sum()) for category in SYMBOLS}
+
+
+def profile_summary(reports_dir: str | os.PathLike, profile: str) -> str:
+    """`summary_markdown` of ``<reports_dir>/<profile>/tables``, with the data and hardware its
+    runs' records name."""
+    described = describe_manifest(load_records(reports_dir, profile))
+    context = {key: described[key] for key in ("Data", "Hardware") if key in described}
+    return summary_markdown(Path(reports_dir) / profile / "tables", profile=profile, context=context)
+
+
+def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: dict | None = None) -> str:
+    """The summary as Markdown: a line of counts, the table (claims of the smoke profile carry
+    no verdict: it is a plumbing check), and a line on what it was measured on (`context`:
+    {"Data": ..., "Hardware": ...})."""
+    summary = verdict_summary(tables_dir)
+    if summary.empty:
+        return f"_No claim of Tables I-IV measured yet in profile `{profile}`._\n"
+    plumbing = profile == "smoke"
+    if plumbing:
+        head = (f"**Profile `{profile}`: a {PLUMBING}.** One seed, a window or two of timing and runs of a few "
+                "steps show that the pipeline runs end to end; they say nothing about the claims.")
+    else:
+        head = f"**Did the paper's claims hold? Profile `{profile}`:** " + " · ".join(
+            f"{n} {SYMBOLS[c]} {c}" for c, n in counts(summary).items() if n) + "."
+    lines = [head, "", "| Table | Claim | Paper | Measured (95% CI) | Verdict | `auto` (95% CI) |",
+             "|---|---|---|---|---|---|"]
+    for _, r in summary.iterrows():
+        verdict = PLUMBING if plumbing else f"{SYMBOLS.get(r['category'], '')} {r['verdict']}".strip()
+        lines.append(f"| {r['table']} | {r['claim']} | {r['paper']} | {r['measured']} | {verdict} | {r['auto']} |")
+    lines += ["", "Measured: the change from the baseline with its 95 % interval (over seeds; throughput and time over "
+              "interleaved timing windows). `auto`: the configuration `plan()` chose on the same machine, measured "
+              "beside; the paper claims nothing for it."]
+    for key, value in (context or {}).items():
+        lines += ["", f"{key}: {value}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports_dir", nargs="?", default="reports")
+    parser.add_argument("--profile", default="quick")
+    args = parser.parse_args(argv)
+    tables = Path(args.reports_dir) / args.profile / "tables"
+    if not tables.is_dir():
+        _fail("reports_dir", str(tables), "a reports folder holding <profile>/tables/ (run ./run_all.sh first)")
+    print(profile_summary(args.reports_dir, args.profile), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
