@@ -98,16 +98,30 @@ mkdir -p "$out_dir"
 echo "[run_all] profile $profile, $seeds seed(s), tasks $tasks, data policy $data_policy, sections ${selected[*]}"
 failures=()
 run_start=$(date +%s)
+# the notebooks' progress lines (which run of how many, trained or reused, time left), shown here
+# while a notebook runs: its own output reaches this terminal only when it ends
+export TRAINOPT_PROGRESS_LOG
+TRAINOPT_PROGRESS_LOG=$(mktemp "${TMPDIR:-/tmp}/trainopt_progress.XXXXXX")
+follower=""
+stop_following() {
+    if [ -n "$follower" ]; then sleep 0.5; kill "$follower" 2>/dev/null; wait "$follower" 2>/dev/null; follower=""; fi
+}
+trap 'stop_following; rm -f "$TRAINOPT_PROGRESS_LOG"' EXIT
 for section in "${selected[@]}"; do
     notebook=$(notebook_for "$section")
     start=$(date +%s)
     echo "[run_all] ${notebook} ..."
+    : > "$TRAINOPT_PROGRESS_LOG"
+    tail -n +1 -s 0.5 -f "$TRAINOPT_PROGRESS_LOG" 2>/dev/null &
+    follower=$!
     if python -m papermill "notebooks/$notebook" "$out_dir/$notebook" \
             -p profile "$profile" -p seeds "$seeds" -p tasks "$tasks" \
             -p reports_dir "$reports_root" -p data_policy "$data_policy" \
             --cwd notebooks -k python3; then
+        stop_following
         echo "[run_all] ${notebook} done in $(( $(date +%s) - start )) s -> $out_dir/$notebook"
     else
+        stop_following
         cell=$(python -c 'import sys; from trainopt_core.reporting.notebook import describe_failed_cell as d; print(d(sys.argv[1]))' \
                "$out_dir/$notebook" 2>&1)
         echo "[run_all] FAILED: notebooks/$notebook -- $cell" >&2

@@ -97,3 +97,19 @@ def test_the_readme_shows_the_reference_summary_as_generated():
     assert block.group(1) == profile_summary(REFERENCE, "quick"), (
         "README.md's summary differs from the reference reports: python scripts/readme_summary.py writes it again")
 
+
+@pytest.mark.slow
+def test_a_batch_run_says_which_run_of_how_many_and_whether_it_trained_or_reused(tmp_path, monkeypatch):
+    from trainopt_core.reporting.notebook import PROGRESS_LOG, run_grid
+
+    log = tmp_path / "progress.log"
+    monkeypatch.setenv(PROGRESS_LOG, str(log))
+    run_grid("wikitext2", ["baseline"], seeds=2, profile="smoke", out_dir=tmp_path / "runs")
+    lines = log.read_text().splitlines()
+    assert lines[0] == "  run 1/2: wikitext2 baseline seed 0 ..."
+    assert re.fullmatch(r"  run 1/2: wikitext2 baseline seed 0: trained in \d+ s; \d+ s so far, about \d+ s left",
+                        lines[1])
+    assert re.fullmatch(r"  run 2/2: wikitext2 baseline seed 1: trained in \d+ s; \d+ s so far", lines[3])
+    log.write_text("")
+    run_grid("wikitext2", ["baseline"], seeds=2, profile="smoke", out_dir=tmp_path / "runs")
+    assert "seed 0: reused (a finished record made under the same conditions)" in log.read_text()

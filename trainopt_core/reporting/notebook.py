@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -111,21 +112,50 @@ def parse_seeds(seeds) -> list[int]:
     return list(range(seeds))
 
 
+PROGRESS_LOG = "TRAINOPT_PROGRESS_LOG"  # a file ./run_all.sh shows on the terminal while a notebook runs
+
+
+def progress(message: str) -> None:
+    """One progress line, appended to the file named by $TRAINOPT_PROGRESS_LOG (./run_all.sh
+    follows it on the terminal: a notebook's own output reaches the terminal only at its end)."""
+    path = os.environ.get(PROGRESS_LOG)
+    if path:
+        with open(path, "a") as handle:
+            handle.write(f"  {message}\n")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str = "auto", **options) -> list[dict]:
     """`runner.run` for every task x configuration x seed (a finished record is reused, not
-    re-run); prints one line per run and returns the records."""
+    re-run); prints one line per run, says on the progress log (`progress`) which run of how
+    many, whether it was trained or reused, the time so far and the time left at the pace of the
+    runs trained so far, and returns the records."""
     records = []
-    for task in parse_tasks(tasks):
-        for config in configs:
-            for seed in parse_seeds(seeds):
-                start = time.perf_counter()
-                record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy,
-                             progress=False, **options)
-                m = record["metrics"]
-                print(f"{task:9s} {config:24s} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
-                      f"final {m['quality_name']} {m['final_quality']:.4g}, "
-                      f"{time.perf_counter() - start:.1f} s (a reused record takes ~0 s)")
-                records.append(record)
+    grid = [(task, config, seed) for task in parse_tasks(tasks) for config in configs for seed in parse_seeds(seeds)]
+    started, trained_s, trained = time.perf_counter(), 0.0, 0
+    for index, (task, config, seed) in enumerate(grid, 1):
+        start = time.perf_counter()
+        made_after = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        progress(f"run {index}/{len(grid)}: {task} {config} seed {seed} ...")
+        record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy,
+                     progress=False, **options)
+        seconds = time.perf_counter() - start
+        reused = record.get("manifest", {}).get("date_utc", made_after) < made_after
+        if not reused:
+            trained_s, trained = trained_s + seconds, trained + 1
+        left = len(grid) - index
+        eta = f", about {_minutes(left * trained_s / trained)} left" if trained and left else ""
+        progress(f"run {index}/{len(grid)}: {task} {config} seed {seed}: "
+                 + ("reused (a finished record made under the same conditions)" if reused else
+                    f"trained in {_minutes(seconds)}") + f"; {_minutes(time.perf_counter() - started)} so far{eta}")
+        m = record["metrics"]
+        print(f"{task:9s} {config:24s} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
+              f"final {m['quality_name']} {m['final_quality']:.4g}, "
+              f"{seconds:.1f} s" + (" (reused)" if reused else ""))
+        records.append(record)
     return records
 
 
@@ -140,12 +170,14 @@ def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_
     timings = []
     for task in parse_tasks(tasks):
         start = time.perf_counter()
+        progress(f"timing {task}: the table's configurations in interleaved windows ...")
         timing = measure_throughput(task, list(dict.fromkeys([*TABLE_CONFIGS, *configs])), profile=profile,
                                     seeds=len(parse_seeds(seeds)), out_dir=paths.timing, data_policy=data_policy, progress=False, **timing_options)
         base = timing["results"]["baseline"]["summary"]
         print(f"{task:9s} throughput: {len(timing['configs'])} configurations x {timing['windows']} interleaved "
               f"windows; baseline {base['mean']:.4g} {timing['results']['baseline']['item_unit']} "
               f"(range {base['min']:.4g}-{base['max']:.4g}), {time.perf_counter() - start:.1f} s")
+        progress(f"timing {task}: done in {_minutes(time.perf_counter() - start)}")
         timings.append(timing)
     return with_throughput(records, timings)
 
