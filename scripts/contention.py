@@ -1,6 +1,6 @@
 """Does contention for the memory system move the reproduction's throughput ratios?
 
-A test of why two reproductions on one machine disagree (README, "Do two reproductions
+A test of why two reproductions on one machine disagree (docs/reruns.md, "Do two reproductions
 agree?"): a neighbour that shares the memory system but not the cores should slow a
 configuration with a large working set more than one whose micro-batches fit in the cache, and
 so change their ratio even though both are timed interleaved.

@@ -4,7 +4,7 @@ profile settings and image stand-in style overridden, and print its quality curv
     python scripts/try_standin.py cifar10 '{"lr": 5e-3}' '{"pixel_noise": 0.1}' [seed]
     python scripts/try_standin.py wikitext2 '{"lr": 2e-3, "epochs": 2}' '{}' [seed [config [record.json]]]
 
-Used to choose STANDIN_STYLE and the quick profiles' settings (README, "The stand-in data sets").
+Used to choose STANDIN_STYLE and the quick profiles' settings (docs/data.md, "The stand-ins and the quick profile's targets").
 """
 import dataclasses
 import json

@@ -175,7 +175,7 @@ class OptimizationConfig:
     @property
     def batch_splits(self) -> int:
         """How many micro-batches the baseline batch is split into: k, or k_min when k adapts
-        (so the effective batch never falls below the baseline's; README: our reading
+        (so the effective batch never falls below the baseline's; docs/reproduction.md: our reading
         of the optimized batch)."""
         return self.k_min if self.adaptive else self.k
 

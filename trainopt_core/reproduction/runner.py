@@ -219,7 +219,7 @@ def run(
             bar.update(steps[-1]["effective_batch_size"])
             # Not before the step whose memory is broken down has run: resumed in a fresh process,
             # that step would be the process's first, and the record's memory must not depend on
-            # where the run was killed (on a CPU it no longer does, DDP's buckets included: README).
+            # where the run was killed (on a CPU it no longer does, DDP's buckets included: docs/verdicts.md).
             if engine.optimizer_steps > tracked_step and checkpoints.due(engine.optimizer_steps):
                 checkpoints.save(engine.optimizer_steps, bundle.model, engine, dict(
                     rng=resume.rng_state(), micro_batches=batches.drawn,
