@@ -99,6 +99,8 @@ def prepare(
         raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is invalid: allowed one of {BACKENDS}")
+    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
+        raise ValueError(f"world_size={world_size!r} is invalid: allowed None (torch.distributed's) or an integer >= 1")
     if world_size is None:
         dist = torch.distributed
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -107,11 +107,11 @@ class OptimizationConfig:
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             _fail("precision", self.precision, f"one of {PRECISIONS}")
-        if not isinstance(self.k, int) or self.k < 1:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             _fail("k", self.k, "an integer >= 1")
         for name in ("k_min", "k_max"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 _fail(name, value, "an integer >= 1")
         if self.adaptive:
             if self.k_max < self.k_min:

@@ -184,8 +184,12 @@ class TrainingEngine:
             items = num_items.detach().to(device=self.device, dtype=torch.float64).reshape(())
         else:
             items = float(num_items if num_items is not None else self.micro_batch_size)
-            if not items > 0:
-                raise ValueError(f"num_items={num_items!r} is invalid: allowed a number > 0")
+            if not (items > 0 and math.isfinite(items)):
+                raise ValueError(f"num_items={num_items!r} is invalid: allowed a finite number > 0")
+        if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+                                        or num_samples < 1):
+            raise ValueError(f"num_samples={num_samples!r} is invalid: allowed None (micro_batch_size) or an "
+                             "integer >= 1 (the samples of this micro-batch)")
         samples = int(num_samples if num_samples is not None else self.micro_batch_size)
         if self._micro_index == 0:
             self._expected_items = items * self.k
@@ -242,8 +246,9 @@ class TrainingEngine:
             return False
         # item counts given as tensors are read here: one device sync per optimizer step
         self._step_items, self._expected_items = float(self._step_items), float(self._expected_items)
-        if not self._step_items > 0:
-            raise ValueError(f"num_items summed to {self._step_items!r} over the effective batch: allowed a number > 0")
+        if not (self._step_items > 0 and math.isfinite(self._step_items)):
+            raise ValueError(f"num_items summed to {self._step_items!r} over the effective batch: allowed a finite "
+                             "number > 0")
         grads = [p.grad for p in self.parameters if p.grad is not None]
         if not self._replicas_synced and self._step_items != self._expected_items and grads:
             torch._foreach_mul_(grads, self._expected_items / self._step_items)

@@ -79,6 +79,10 @@ MAX_ZERO = 4              # ZeRO candidates measured at most (the best's twins f
 COMPILE_FLOOR_S = 10.0
 
 
+def _positive_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value)
+
+
 def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[torch.Tensor],
          loss_fn: Callable, *, loss_takes_model: bool = False, device: torch.device | str | None = None,
          memory_budget_bytes: float | None = None, weights: Sequence[float] = (1.0, 0.0, 0.0),
@@ -138,7 +142,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     size = len(batch[0])
     if any(len(t) != size for t in batch):
         fail("batch", [tuple(t.shape) for t in batch], "tensors with the same first dimension (the batch size)")
-    if memory_budget_bytes is not None and not memory_budget_bytes > 0:
+    if memory_budget_bytes is not None and not _positive_number(memory_budget_bytes):
         fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
     weights = check_weights(weights)
     if run_samples is not None and (not isinstance(run_samples, int) or isinstance(run_samples, bool) or run_samples < 1):
@@ -155,10 +159,12 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         fail("batch", f"a batch of {size}" + (f" on each of {world} processes" if world > 1 else ""),
              "with adaptive_accumulation, >= 6 samples in all (>= 3 micro-batches for the noise scale's interval, "
              "split into >= 2), >= 2 on each process")
-    if planning_memory_bytes is not None and not planning_memory_bytes > 0:
+    if planning_memory_bytes is not None and not _positive_number(planning_memory_bytes):
         fail("planning_memory_bytes", planning_memory_bytes,
              "None (on CUDA 90 % of the free memory, elsewhere no limit) or a number of bytes > 0")
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail("device", str(device), "a device this machine has (torch.cuda.is_available() is False here; 'cpu')")
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         fail("model", "a DistributedDataParallel", "the plain module (on more than one process every candidate is "
              "wrapped as it needs: DDP, or DeepSpeed at its ZeRO stage)")

@@ -19,6 +19,7 @@ import pandas as pd
 
 from .. import measure
 from ..reproduction.records import load_record  # the one definition of a finished record
+from .._errors import fail as _fail
 
 # Record metrics that every table aggregates over seeds (keys of record["metrics"]).
 SEED_METRICS = ("samples_to_target", "steps_to_target", "time_to_target_wall_s", "peak_memory_bytes", "throughput",
@@ -61,6 +62,9 @@ def runs_dir(reports_dir: str | os.PathLike, profile: str) -> Path:
 def load_records(reports_dir: str | os.PathLike, profile: str, *, tasks=None) -> list[dict]:
     """Every complete run record of ``reports/<profile>/runs/`` (partial and truncated records
     and unreadable files are left out), optionally only those of `tasks`."""
+    if not resolve_reports_dir(reports_dir).is_dir():
+        _fail("reports_dir", str(reports_dir), "an existing folder (the reports folder ./run_all.sh writes; "
+              "a typo gives empty tables)")
     records = []
     for path in sorted(runs_dir(reports_dir, profile).glob("*.json")):
         if path.name.endswith(".partial.json"):

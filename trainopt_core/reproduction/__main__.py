@@ -32,6 +32,18 @@ def _parse(argv):
     parser.add_argument("--rerun", action="store_true", help="run even if a complete record exists")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.device is not None:
+        import torch
+
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            parser.error(f"--device {args.device!r} is invalid: allowed cpu, cuda or cuda:N")
+        if device.type not in ("cpu", "cuda"):
+            parser.error(f"--device {args.device!r} is invalid: allowed cpu, cuda or cuda:N")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            parser.error(f"--device {args.device!r} is invalid here: no CUDA GPU (torch.cuda.is_available() is False); "
+                         "allowed cpu")
     if args.config != "auto":
         try:
             OptimizationConfig.preset(args.config)
