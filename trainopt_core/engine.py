@@ -98,6 +98,9 @@ class TrainingEngine:
         self._replica_totals: torch.Tensor | None = None
         self._expected_items = 0.0
         self._grad_norm: torch.Tensor | None = None
+        # whether every micro-batch loss of this step was finite (on the device: read once, at the step)
+        self._losses_finite: torch.Tensor | None = None
+        self.consecutive_nonfinite_losses = 0
         self._loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
         # the LR the first step will use, so `engine.lr` is meaningful before any step
         self._apply_lr(micro_batch_size * self.k * world_size, self.effective_batch_size)
@@ -202,6 +205,8 @@ class TrainingEngine:
             self.monitor.begin_micro_batch(self.device, 1.0 / (factor * self._loss_scale), items)
         if isinstance(factor, torch.Tensor):
             factor = factor.to(torch.float32)
+        finite = torch.isfinite(loss.detach()).all()
+        self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
         scaled = loss * factor
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
@@ -259,19 +264,27 @@ class TrainingEngine:
         step_samples = self._global_step_samples if self._replicas_synced else self._step_samples * self.world_size
         self.effective_batch_size = step_samples
         self._apply_lr(self.samples_consumed + step_samples, step_samples)
-        stepped = True
+        # a non-finite loss whose gradients are finite (`loss + inf` from a bad regularizer term)
+        # is no step either: skipped and counted like non-finite gradients, in every precision
+        loss_finite = True
+        if self._losses_finite is not None:
+            loss_finite, self._losses_finite = bool(self._losses_finite), None
+        self.consecutive_nonfinite_losses = 0 if loss_finite else self.consecutive_nonfinite_losses + 1
         if self.scaler is not None:
             # GradScaler skips the optimizer step exactly when the unscaled gradients hold an
             # inf/nan; read that from the gradients, not from the scale backing off (a scale that
             # has underflowed to 0 stays 0 while every step is skipped).
-            stepped = not mp.gradients_non_finite(self._grad_norm, grads)
-            self.scaler.step(self.optimizer)
+            grads_bad = mp.gradients_non_finite(self._grad_norm, grads)
+            stepped = loss_finite and not grads_bad
+            if loss_finite:
+                self.scaler.step(self.optimizer)
             self.scaler.update()
             self._loss_scale = float(self.scaler.get_scale())
         else:
             # no loss scaler (bf16/fp32): the same found-inf test decides, and such a step is
             # skipped and counted instead of writing inf/nan into the weights and optimizer state
-            stepped = not mp.gradients_non_finite(self._grad_norm, grads)
+            grads_bad = mp.gradients_non_finite(self._grad_norm, grads)
+            stepped = loss_finite and not grads_bad
             if stepped:
                 self.optimizer.step()
         if stepped:
@@ -288,13 +301,24 @@ class TrainingEngine:
         self._step_items = 0.0
         self._step_samples = 0
         self._set_grad_sync()
-        if self.scaler is not None:
+        allowed = self.config.max_nonfinite_steps
+        if self.scaler is not None:  # fp16: the loss scale handles non-finite gradients
             mp.check_loss_scale(self._loss_scale, consecutive_skips=self.consecutive_skipped_steps)
-        elif self.consecutive_skipped_steps >= self.config.max_nonfinite_steps:  # bf16/fp32
+            if self.consecutive_nonfinite_losses >= allowed:
+                raise self._nonfinite_loss_error(self.consecutive_nonfinite_losses)
+        elif self.consecutive_skipped_steps >= allowed:  # bf16/fp32
+            if not grads_bad:  # this step's gradients were finite: its loss was not
+                raise self._nonfinite_loss_error(self.consecutive_skipped_steps)
             raise mp.nonfinite_steps_error(
                 step=self.optimizer_steps, grad_norm=self.last_grad_norm, consecutive=self.consecutive_skipped_steps,
-                allowed=self.config.max_nonfinite_steps, precision=self.config.precision, backend="torch engine")
+                allowed=allowed, precision=self.config.precision, backend="torch engine")
         return stepped
+
+    def _nonfinite_loss_error(self, consecutive: int) -> mp.NonFiniteTrainingError:
+        return mp.NonFiniteTrainingError(
+            f"non-finite loss at optimizer step {self.optimizer_steps} in {self.config.precision} (torch engine; "
+            f"its gradients were finite), {consecutive} consecutive step(s) skipped; allowed at most "
+            f"OptimizationConfig.max_nonfinite_steps={self.config.max_nonfinite_steps} in a row. {mp.NON_FINITE_CAUSES}.")
 
     # ------------------------------------------------------------------ internals
     def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:
@@ -416,6 +440,7 @@ class TrainingEngine:
             "optimizer_steps": self.optimizer_steps,
             "skipped_steps": self.skipped_steps,
             "consecutive_skipped_steps": self.consecutive_skipped_steps,
+            "consecutive_nonfinite_losses": self.consecutive_nonfinite_losses,
             "effective_batch_size": self.effective_batch_size,
             "lr_multiplier": self._lr_multiplier,
             "base_lrs": list(self.base_lrs),
@@ -450,6 +475,7 @@ class TrainingEngine:
         self.optimizer_steps = state["optimizer_steps"]
         self.skipped_steps = state["skipped_steps"]
         self.consecutive_skipped_steps = state["consecutive_skipped_steps"]
+        self.consecutive_nonfinite_losses = state.get("consecutive_nonfinite_losses", 0)  # states saved before it
         self.effective_batch_size = state["effective_batch_size"]
         self.base_lrs = list(state["base_lrs"])
         self._lr_multiplier = state["lr_multiplier"]
