@@ -85,7 +85,11 @@ done
 
 if [ -n "$reports_root" ]; then
     mkdir -p "$reports_root" || fail_usage "--reports-dir '$reports_root' cannot be created"
-    reports_root=$(cd "$reports_root" && pwd)
+    # a folder that cannot be entered or written: stop here, naming it (before, the checkout's
+    # own reports/ took the runs, and a second reproduction meant for comparison mixed into it)
+    entered=$(cd "$reports_root" 2>/dev/null && pwd) || fail_usage "--reports-dir '$reports_root' cannot be entered (permission denied?): allowed a folder this user can enter and write"
+    [ -w "$entered" ] || fail_usage "--reports-dir '$reports_root' is not writable: allowed a folder this user can enter and write"
+    reports_root=$entered
 fi
 cd "$(dirname "$0")"
 root=$PWD

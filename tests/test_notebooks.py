@@ -3,8 +3,10 @@ and re-executable with the same deterministic outputs (nbval --nbval-lax on the 
 copies: cells tagged nbval-check-output are compared with the first execution's outputs)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -64,13 +66,37 @@ def test_stored_notebooks_are_what_the_generator_writes(tmp_path):
         assert json.loads((tmp_path / name).read_text()) == json.loads((NOTEBOOK_DIR / name).read_text()), name
 
 
-def test_run_all_rejects_bad_arguments_naming_value_and_allowed():
+def test_run_all_rejects_bad_arguments_naming_value_and_allowed(tmp_path):
     for args, message in ((["--profile", "huge"], "--profile 'huge' is invalid: allowed smoke, quick, paper, gpu"),
                           (["--seeds", "0"], "--seeds '0' is invalid"),
                           (["--sections", "01,07"], "'07' is invalid"),
                           (["--frobnicate"], "unknown argument '--frobnicate'")):
         result = subprocess.run([str(REPO / "run_all.sh"), *args], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+    # a reports folder that cannot be created, or (for a user without root's rights) entered or written
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = subprocess.run([str(REPO / "run_all.sh"), "--reports-dir", str(blocker / "reports")], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 2 and f"--reports-dir '{blocker / 'reports'}' cannot be created" in result.stderr
+    # root enters and writes anything: as root the script runs as nobody, from a copy in a folder
+    # nobody can read (pytest's and a clone's temporary folders are root's alone)
+    shared = Path(tempfile.mkdtemp())
+    try:
+        shared.chmod(0o755)
+        script = shared / "run_all.sh"
+        shutil.copy(REPO / "run_all.sh", script)
+        script.chmod(0o755)
+        locked, read_only = shared / "locked", shared / "read_only"
+        locked.mkdir(mode=0o000)
+        read_only.mkdir(mode=0o555)
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        for folder, message in ((locked, "cannot be entered"), (read_only, "is not writable")):
+            result = subprocess.run([*as_nobody, "bash", str(script), "--reports-dir", str(folder)],
+                                    capture_output=True, text=True, timeout=30)
+            assert result.returncode == 2 and f"--reports-dir '{folder}' {message}" in result.stderr, result.stderr
+    finally:
+        shutil.rmtree(shared)
     usage = subprocess.run([str(REPO / "run_all.sh"), "--help"], capture_output=True, text=True, timeout=30)
     assert usage.returncode == 0 and "--profile" in usage.stdout and "--sections" in usage.stdout
 
