@@ -38,6 +38,8 @@ import contextlib
 
 import math
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -47,6 +49,24 @@ from ..engine import TrainingEngine
 from ..schedule import clip_gradients
 from .ds_config import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_config, zero_partitioning
 from .process_group import cleanup, find_free_port
+
+CPU_OP = "deepspeed_shm_comm"  # the op DeepSpeed's CPU accelerator compiles with gcc on first use
+_noticed = False
+
+
+def jit_build_notice(device: torch.device) -> str | None:
+    """What to say before DeepSpeed's first use on a CPU when its op is not built yet (the build
+    takes a minute or more with no message of its own), else None."""
+    if device.type != "cpu":
+        return None
+    from torch.utils.cpp_extension import _get_build_directory
+
+    built = Path(_get_build_directory(CPU_OP, verbose=False)) / f"{CPU_OP}.so"
+    if built.is_file():
+        return None
+    return (f"[trainopt] DeepSpeed on the CPU: compiling its {CPU_OP} op with gcc before the first step (a minute "
+            f"or more, once; kept in {built.parent})")
+
 
 def _import_deepspeed(device: torch.device):
     if device.type == "cpu":
@@ -125,6 +145,11 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             zero = self.ds_config["zero_optimization"]
             if "reduce_bucket_size" in zero:
                 self.zero_bucket_sizes = {key: zero[key] for key in ("reduce_bucket_size", "allgather_bucket_size")}
+            global _noticed
+            notice = None if _noticed else jit_build_notice(self.device)
+            if notice:
+                print(notice, file=sys.stderr, flush=True)
+                _noticed = True
             self.ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
             self.batch_norm_stats_cast = _match_batch_norm_stats_to_weights(model)
             self.model = self.ds_engine
