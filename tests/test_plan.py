@@ -559,3 +559,52 @@ def test_bench_compile_pairs_each_compiled_candidate_with_its_eager_twin():
     assert first["twin"] == "bf16, k=1" and first["chosen"]
     assert first["pays_after_samples"] == pytest.approx(2.0 / 1e-4)  # 2 s over 0.1 ms saved per sample
     assert second["twin"] == "bf16, k=1, fused" and second["pays_after_samples"] is None  # slower: never pays
+
+
+class _BlockMLP(nn.Module):
+    """Six 256-wide blocks with a known block sequence (checkpointing can split them)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(6))
+        self.head = nn.Linear(256, 10)
+
+    @property
+    def checkpoint_blocks(self):
+        return list(self.blocks)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_when_nothing_fits_the_checkpointed_twins_expected_smallest_are_measured_first(monkeypatch):
+    import trainopt_core.planner.space as space
+    from trainopt_core.planner.search import Search
+    from trainopt_core.planner.space import Candidate
+
+    monkeypatch.setattr(space, "native_reduced_precisions", lambda device: ())  # fp32 on every CPU kind
+    generator = torch.Generator().manual_seed(1)
+    batch = (torch.randn(512, 256, generator=generator), torch.randint(0, 10, (512,), generator=generator))
+
+    def optimizer(parameters):
+        return torch.optim.AdamW(parameters, lr=1e-3)
+
+    # what k=8 with 3 checkpointed segments needs, measured as the planner measures it
+    search = Search(_BlockMLP(), optimizer, batch, nn.functional.cross_entropy, torch.device("cpu"), None, 1, 1,
+                    False, False)
+    fits = Candidate("fp32", 8, checkpointing=3)
+    search.measure_memory([Candidate(), fits])
+    budget = search.rows[fits]["peak_memory_bytes"] * 1.01
+    result = plan(_BlockMLP(), optimizer, batch, nn.functional.cross_entropy, memory_budget_bytes=budget, windows=1,
+                  steps_per_window=1, speed_options=False)
+    # the k=1/2/4 twins, fastest first, used to take every measured slot and the plan gave up
+    assert result.chosen["peak_memory_bytes"] <= budget and result.chosen["k"] == 8
+    assert result.chosen["checkpointing"] is not None
+    # a budget nothing fits names the candidates never tried
+    with pytest.raises(ValueError, match=r"the smallest measured peak was .*; not tried \(at most 6 checkpointed "
+                                         r"candidates are measured\): fp32, k=\d, checkpointing"):
+        plan(_BlockMLP(), optimizer, batch, nn.functional.cross_entropy, memory_budget_bytes=budget * 0.97,
+             windows=1, steps_per_window=1, speed_options=False)

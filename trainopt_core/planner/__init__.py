@@ -64,7 +64,7 @@ import torch
 from .._errors import fail
 from .adaptive import adaptive_config, measure_goodput, smallest_k
 from .choice import check_weights, choose, helps, over_run, pareto_front
-from .memory_model import zero_saving_bytes
+from .memory_model import predict, zero_saving_bytes
 from .result import Plan
 from .search import Search
 from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
@@ -244,6 +244,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         lap("ZeRO stage")
 
     # 2. checkpointing, where memory counts
+    never_tried: list[Candidate] = []
     if search.num_blocks and (memory_budget_bytes is not None or weights[1] > 0):
         twins = [c for c in stage1 + zero_ran if over_budget(c)]
         if best is not None and weights[1] == 0:
@@ -263,7 +264,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         unmeasured = sorted((c for c in dict.fromkeys(twins) if rows[c]["speedup"] is None),
                             key=lambda c: (c.precision == "fp32", c.k))
         checkpointed = [c for twin in measured + unmeasured for c in checkpointed_twins(twin, search.num_blocks)]
+        if best is None and search.calibration is not None:
+            # nothing fits yet: the twins the memory model expects smallest first, so that the few
+            # measured are those likeliest to fit (fastest first, the k=1/2/4 twins took every slot
+            # and the k=8 twins that fit were never built)
+            checkpointed.sort(key=lambda c: predict(search.calibration, c, size, search.ranks.world_size))
         ran = search.measure_memory(checkpointed, limit=MAX_CHECKPOINTED)
+        never_tried = [c for c in checkpointed if c not in search.rows]
         if ran:
             search.time([best] + ran if best else ran)
             best = search.best(weights=weights, min_k=min_k)
@@ -324,7 +331,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                      f"{ran_out}); {search.rebuilt} candidate cop{'y was' if search.rebuilt == 1 else 'ies were'} "
                      "built again after being released for room.")
     rows = list(search.rows.values())
-    notes += choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=run_samples)
+    try:
+        notes += choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=run_samples)
+    except ValueError as error:
+        if not never_tried:
+            raise
+        raise ValueError(f"{error}; not tried (at most {MAX_CHECKPOINTED} checkpointed candidates are measured): "
+                         + "; ".join(c.name for c in never_tried)) from error
     chosen = next(row for row in rows if row.get("chosen"))
     config, good = candidate_of(chosen).config(), None
     if config.zero_stage:
