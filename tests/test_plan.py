@@ -608,3 +608,22 @@ def test_when_nothing_fits_the_checkpointed_twins_expected_smallest_are_measured
                                          r"candidates are measured\): fp32, k=\d, checkpointing"):
         plan(_BlockMLP(), optimizer, batch, nn.functional.cross_entropy, memory_budget_bytes=budget * 0.97,
              windows=1, steps_per_window=1, speed_options=False)
+
+
+def test_a_speedup_is_the_statistic_its_interval_is_about_even_for_bimodal_windows(monkeypatch):
+    import trainopt_core.planner.search as search
+
+    baseline = "fp32, k=1"
+
+    def windows(steps, *, windows, **kwargs):  # the baseline steady; every other candidate either as fast or 1.8x
+        pattern = ([1.0] * 11 + [1.8] * 9)[:windows]
+        return {name: [1.0] * windows if name == baseline else list(pattern) for name in steps}
+
+    monkeypatch.setattr(search, "interleaved_windows", windows)
+    result = plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
+                  ks=(1, 2), windows=20, steps_per_window=1, speed_options=False)
+    timed = [row for row in result.rows if row["candidate"] != baseline and row["speedup"] is not None]
+    assert timed
+    for row in timed:  # the median of these windows (1.0) lies below the mean's interval
+        assert row["speedup_ci_low"] <= row["speedup"] <= row["speedup_ci_high"], row
+        assert row["speedup"] == pytest.approx(math.exp(9 * math.log(1.8) / 20))
