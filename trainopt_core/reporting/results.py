@@ -188,11 +188,49 @@ def _per_seed(records: list[dict], key: str) -> dict[int, float]:
     return {r.get("seed"): as_number(r.get("metrics", {}).get(key)) for r in records}
 
 
+# where a run that missed its target stopped: samples to target > the samples it trained on,
+# and time to target > its training time
+_CENSORED_AT = {"samples_to_target": lambda r: (r.get("history") or [{}])[-1].get("samples"),
+                "time_to_target_wall_s": lambda r: r.get("metrics", {}).get("train_time_s")}
+
+
+def censored_seeds_ratio(base: list[dict], other: list[dict], metric: str) -> tuple[dict, dict]:
+    """The paired ratio other/baseline of a time-to-target metric over seeds, where a seed whose
+    run missed the target counts instead of being dropped: censored at its run's length (the
+    target lies beyond it), so its pair enters the ratio at its bound. Returns (the
+    `paired_ratio` summary over every seed with a bound or a value, censoring): censoring says
+    how many seeds both reached, how many there were, and whether a bound leans towards the
+    other configuration (it missed: its true ratio is higher than the bound) or against it
+    (the baseline missed: the true ratio is lower)."""
+    b, o = _per_seed(base, metric), _per_seed(other, metric)
+    runs_b = {r.get("seed"): as_number(_CENSORED_AT[metric](r)) for r in base}
+    runs_o = {r.get("seed"): as_number(_CENSORED_AT[metric](r)) for r in other}
+    numerators, denominators = [], []
+    censoring = dict(seeds=0, reached=0, other_missed=0, baseline_missed=0, both_missed=0)
+    for seed in sorted(set(b) & set(o), key=str):
+        censoring["seeds"] += 1
+        reached_b, reached_o = math.isfinite(b[seed]), math.isfinite(o[seed])
+        if reached_b and reached_o:
+            censoring["reached"] += 1
+            numerators.append(o[seed]), denominators.append(b[seed])
+        elif reached_b:  # the other missed: its ratio is above other's run length / baseline
+            censoring["other_missed"] += 1
+            numerators.append(runs_o[seed]), denominators.append(b[seed])
+        elif reached_o:  # the baseline missed: the ratio is below other / baseline's run length
+            censoring["baseline_missed"] += 1
+            numerators.append(o[seed]), denominators.append(runs_b[seed])
+        else:
+            censoring["both_missed"] += 1
+    return measure.paired_ratio(numerators, denominators), censoring
+
+
 def measured_change(records: list[dict], task: str, baseline: str, other: str, key: str) -> dict:
     """Relative change other/baseline − 1 of one metric, with its 95 % CI, from paired
     measurements: the same seed for per-seed metrics, the same timing round for throughput;
     time to target multiplies the samples-to-target ratio (seeds) by the seconds-per-sample
-    ratio (windows). Returns {mean, ci_low, ci_high, n} (None where not measured)."""
+    ratio (windows), a seed that missed the target counting at its run's length
+    (`censored_seeds_ratio`). Returns {mean, ci_low, ci_high, n} (None where not measured), and
+    for time to target also `censoring`."""
     base = [r for r in records if r["task"] == task and r["config_name"] == baseline]
     opt = [r for r in records if r["task"] == task and r["config_name"] == other]
     empty = dict(mean=None, ci_low=None, ci_high=None, n=0)
@@ -206,23 +244,26 @@ def measured_change(records: list[dict], task: str, baseline: str, other: str, k
         common = sorted(set(b) & set(o), key=str)
         return measure.paired_ratio([o[s] for s in common], [b[s] for s in common])
 
+    censoring = None
     if key == "throughput" and timed:
         ratio = measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"])
     elif key == "time_to_target_s" and timed:
-        ratio = measure.product_ratio(seeds_ratio("samples_to_target"),
+        samples, censoring = censored_seeds_ratio(base, opt, "samples_to_target")
+        ratio = measure.product_ratio(samples,
                                       measure.paired_ratio(base_timing["samples_per_s"], opt_timing["samples_per_s"]))
     elif key == "time_to_target_s":
-        ratio = seeds_ratio("time_to_target_wall_s")
+        ratio, censoring = censored_seeds_ratio(base, opt, "time_to_target_wall_s")
     elif key == "flops_utilization" and timed:
         b_m, o_m = base[0]["metrics"], opt[0]["metrics"]
         factor = (o_m["flops_per_item"] / o_m["peak_flops_per_s"]) / (b_m["flops_per_item"] / b_m["peak_flops_per_s"])
         ratio = _scaled(measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"]), factor)
     else:
         ratio = seeds_ratio(key)
+    extra = {} if censoring is None else dict(censoring=censoring)
     if ratio.get("mean") is None:
-        return empty
+        return dict(empty, **extra)
     low, high = ratio.get("ci_low"), ratio.get("ci_high")
     if low is None and key in DETERMINISTIC:
         low = high = ratio["mean"]
     return dict(mean=ratio["mean"] - 1, ci_low=None if low is None else low - 1,
-                ci_high=None if high is None else high - 1, n=ratio.get("n", 0))
+                ci_high=None if high is None else high - 1, n=ratio.get("n", 0), **extra)

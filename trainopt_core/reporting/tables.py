@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..config import ABLATION_LADDER, leave_one_out
 from .results import aggregate, as_number, measured_change, paper_claims
-from .verdicts import claim_verdict, efficiency_verdict, relative_change
+from .verdicts import claim_verdict, efficiency_verdict, relative_change, time_to_target_verdict
 from .._errors import fail as _fail
 
 # Tables I and II as data: (row label, record metric, paper claim key, kind, paper unit).
@@ -109,8 +109,10 @@ def main_results_table(records: list[dict], task: str, *, baseline: str = "basel
             measured_unit=_measured_unit(key, task),
             measured_relative=rel, measured_relative_ci_low=ci[0], measured_relative_ci_high=ci[1],
             timing_source=base["timing_source"] if base is not None and key in _TIMED else "",
-            claim_held=claim_verdict(claim["relative"] if claim else None, rel, ci=ci, kind=kind,
-                                     higher_is_better=task == "cifar10" if kind == "comparable" else None),
+            claim_held=time_to_target_verdict(
+                claim_verdict(claim["relative"] if claim else None, rel, ci=ci, kind=kind,
+                              higher_is_better=task == "cifar10" if kind == "comparable" else None),
+                change.get("censoring") if claim else None),
         ))
     return pd.DataFrame(out)
 
@@ -232,17 +234,20 @@ def ablation_table(records: list[dict], task: str) -> pd.DataFrame:
                 entry[f"{key}_{suffix}"] = row[f"{key}_{suffix}"] if row is not None else math.nan
             entry[f"{key}_n"] = int(row[f"{key}_n"]) if row is not None else 0
         entry["timing_source"] = row["timing_source"] if row is not None else ""
+        censoring = {}
         for key, short in (("time_to_target_s", "time"), ("peak_memory_bytes", "memory"), ("throughput", "throughput"),
                            ("final_quality", "quality")):
             change = (measured_change(task_records, task, "baseline", name, key)
                       if base is not None and row is not None and name != "baseline" else {"mean": None})
+            censoring[short] = change.get("censoring")
             entry[f"measured_{short}_change"] = math.nan if change["mean"] is None else change["mean"]
             entry[f"measured_{short}_change_ci_low"], entry[f"measured_{short}_change_ci_high"] = _ci(change)
         for short in ("time", "memory"):
             claimed = entry[f"paper_{short}_change"] if paper and name != "baseline" else None
-            entry[f"claim_held_{short}"] = claim_verdict(
+            entry[f"claim_held_{short}"] = time_to_target_verdict(claim_verdict(
                 claimed, entry[f"measured_{short}_change"],
-                ci=(entry[f"measured_{short}_change_ci_low"], entry[f"measured_{short}_change_ci_high"]))
+                ci=(entry[f"measured_{short}_change_ci_low"], entry[f"measured_{short}_change_ci_high"])),
+                censoring[short] if claimed is not None else None)
         out.append(entry)
     return pd.DataFrame(out)
 

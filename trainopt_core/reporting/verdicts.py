@@ -89,6 +89,26 @@ def claim_verdict(claimed_relative: float | None, measured_relative: float | Non
     return "inconclusive"
 
 
+def time_to_target_verdict(verdict: str, censoring: dict | None) -> str:
+    """`claim_verdict`'s verdict on a time to target, corrected for seeds that missed the target
+    (`results.censored_seeds_ratio`), with how many seeds reached it said in the verdict itself.
+    A seed where the other configuration missed enters at a bound that flatters it, so "held"
+    cannot stand on it; one where the baseline missed flatters the baseline, so "not held"
+    cannot. A claim no seed pair informs is "not measured"."""
+    if not censoring or not censoring["seeds"]:
+        return verdict
+    if censoring["seeds"] == censoring["both_missed"]:
+        return f"not measured: no seed reached the target in either configuration (0 of {censoring['seeds']})"
+    category = verdict_category(verdict)
+    if (category == "held" and censoring["other_missed"]) or (category == "not held" and censoring["baseline_missed"]):
+        verdict = "inconclusive"
+    missed = censoring["seeds"] - censoring["reached"]
+    if not missed:
+        return verdict
+    return (f"{verdict} ({censoring['reached']} of {censoring['seeds']} seeds reached the target in both; a seed "
+            "that missed counts at its run's length)")
+
+
 def efficiency_verdict(claimed: float | None, measured: float | None, *, ci=None, modelled: bool = False) -> str:
     """Did a claimed scaling efficiency hold? (rule in the module docstring)"""
     if modelled:
