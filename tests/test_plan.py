@@ -363,8 +363,11 @@ def test_where_device_memory_is_short_candidates_are_timed_in_groups_each_with_t
     rows = {row["candidate"]: row for row in result.rows}
     stage1 = [name for name in rows if name.count(",") == 1]
     assert len(stage1) >= 3 and all(rows[name]["timed_windows"] >= 2 for name in stage1)
-    # the baseline is timed in every group: more windows than in the unlimited plan's rounds
-    assert rows["fp32, k=1"]["timed_windows"] > unlimited.baseline["timed_windows"]
+    # the baseline is timed in every group, each other candidate in one group per round: the
+    # baseline has more windows than any of them (comparing with the unlimited plan's count
+    # depended on whether the timing noise gave a near-ties round in one plan and not the other)
+    others = [rows[name]["timed_windows"] for name in stage1 if name != "fp32, k=1"]
+    assert rows["fp32, k=1"]["timed_windows"] > max(others)
     note = next(note for note in result.notes if note.startswith("Timed in groups that fit"))
     assert "built again after being released for room" in note
     assert result.chosen["feasible"] and result.chosen["speedup"] >= 1.0

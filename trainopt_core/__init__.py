@@ -16,6 +16,7 @@ The thin library (needs only torch) is what sits at this level:
     planner/          plan(): the configuration chosen by measured cost on this machine (eq. 3)
     distributed/      process groups, DeepSpeed ZeRO engine, launch CLI, run_processes
     measure/          throughput, peak memory, energy, FLOPs utilization, time-to-target, eq. 3
+    rng.py            rng_state() / set_rng_state(): every random generator, for an exact resume
 
 Beside it, not imported by it (install `trainopt[reproduction]`):
 
@@ -28,6 +29,7 @@ from .compose import prepare
 from .config import ABLATION_LADDER, OptimizationConfig, leave_one_out
 from .engine import TrainingEngine
 from .planner import Plan, plan
+from .rng import rng_state, set_rng_state
 
 __version__ = "0.1.0"
 
@@ -43,4 +45,6 @@ __all__ = [
     "plan",
     "prepare",
     "remove_activation_checkpointing",
+    "rng_state",
+    "set_rng_state",
 ]

@@ -410,17 +410,21 @@ class TrainingEngine:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """Everything besides the model and the optimizer that a resumed loop needs to continue
-        exactly: k and why, the calibrated sigma_target, the noise monitor's pooled window, the
-        fp16 loss scaler, the sample/step/skip counters (the LR schedule's position is
-        `samples_consumed`) and the base LRs. Save it with the model's and the optimizer's
-        state_dict, between optimizer steps (after a `step()` that returned at a boundary):
+        """What the engine holds: k and why, the calibrated sigma_target, the noise monitor's
+        pooled window, the fp16 loss scaler, the sample/step/skip counters (the LR schedule's
+        position is `samples_consumed`) and the base LRs. A resumed loop continues exactly when
+        it also restores the model, the optimizer, the random generators
+        (`trainopt_core.rng_state()`: dropout masks, shuffling, augmentation) and its own data
+        position (how many batches it had drawn). Save them together between optimizer steps
+        (after a `step()` that returned at a boundary):
 
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "engine": engine.state_dict()}, path)
+                        "engine": engine.state_dict(), "rng": trainopt_core.rng_state(),
+                        "batches_drawn": batches_drawn}, path)
             # restart: build model, optimizer and engine as before, then
             model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"])
-            engine.load_state_dict(state["engine"])
+            engine.load_state_dict(state["engine"]); trainopt_core.set_rng_state(state["rng"])
+            # and skip the first state["batches_drawn"] batches of the same data order
 
         A plain dict of Python numbers (and the scaler's dict), so torch.save and
         `torch.load(weights_only=True)` take it."""

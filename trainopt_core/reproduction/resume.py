@@ -18,7 +18,6 @@ checkpoint every process can read; the directory is removed once the run record 
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..rng import rng_state, set_rng_state  # noqa: F401  (the library's; the runner saves them through here)
 from .profiles import TaskProfile
 from .records import as_json
 
@@ -63,32 +63,6 @@ def steps_saved(directory: Path, rank: int) -> list[int]:
         if match and int(match.group(2)) == rank:
             found.append(int(match.group(1)))
     return sorted(found, reverse=True)
-
-
-# ------------------------------------------------------------------ random generators
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "cuda": None, "numpy": None}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy
-    except ImportError:
-        return state
-    name, keys, pos, has_gauss, cached = numpy.random.get_state()
-    state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached)
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if state.get("numpy") is not None:
-        import numpy
-        name, keys, pos, has_gauss, cached = state["numpy"]
-        numpy.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
 
 
 # ------------------------------------------------------------------ save / load
