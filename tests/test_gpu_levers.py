@@ -168,3 +168,24 @@ def test_a_compiled_candidate_that_compiled_nothing_in_a_mode_not_compiled_befor
                   try_compile=True)
     compiled = next(row for row in result.rows if row["compile"])
     assert compiled["rejected_because"].startswith("failed: compiling: dynamo compiled no graph for it")
+
+
+def test_the_precision_check_says_it_compares_losses_at_the_initial_weights(monkeypatch):
+    # a forward pass that bf16 computes wrongly (logits shifted to 100,000, where bf16 spaces values 512 apart)
+    monkeypatch.setattr(space, "native_reduced_precisions", lambda device: ("bf16",))
+
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = nn.Linear(32, 10)
+            nn.init.normal_(self.linear.weight, std=2.0)
+
+        def forward(self, x):
+            return (self.linear(x) + 1e5) - 1e5
+
+    result = plan(Shifted(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2,
+                  steps_per_window=1, speed_options=False)
+    bf16 = next(row for row in result.rows if row["precision"] == "bf16")
+    assert bf16["rejected_because"].startswith("quality: the probe batch's loss at the initial weights differs from "
+                                               "fp32's by")

@@ -32,9 +32,13 @@ Before a candidate is timed, the memory model (eq. 8: activations scale with the
 eq. 19: checkpointing keeps a fraction of them), calibrated on one tracked fp32 step, prunes it
 when its prediction exceeds the budget by more than `PRUNE_MARGIN`. Each measured candidate gets
 one tracked step (peak memory; an out-of-memory error makes it infeasible, caught in-process)
-and a quality check (its probe-batch loss is finite and equal to fp32's within the precision's
-tolerance; computed in eval mode, where dropout and BatchNorm's micro-batch statistics do not
-move it). Eq. 3 (C = w1·T + w2·M + w3·E, each over the baseline's) chooses among candidates within the
+and a forward-pass check at the initial weights (its probe-batch loss is finite and equal to
+fp32's within the precision's tolerance; computed in eval mode, where dropout and BatchNorm's
+micro-batch statistics do not move it). That check catches a precision whose forward pass goes
+wrong (an overflow, inf/nan, a loss far from fp32's); it cannot catch one that computes the first
+loss right and trains worse (bf16 logits near 1,000, spaced 8 apart, give log C at the initial
+weights as fp32 does and then learn far less): how a configuration trains is what the runs'
+quality curves measure. Eq. 3 (C = w1·T + w2·M + w3·E, each over the baseline's) chooses among candidates within the
 budget, never one slower than the fp32 baseline unless the budget rules the baseline out (the
 plan then says so). Given the run's length (`run_samples`), T is the run's: a compiled
 candidate's compiling step is spread over the run's samples, so compiling is chosen only where

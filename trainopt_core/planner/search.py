@@ -146,7 +146,8 @@ class Search:
             row, loss = self.rows[candidate], self.first_loss[candidate]
             row["loss_rel_diff"] = diff = abs(loss - base_loss) / max(abs(base_loss), 1e-12)
             if not math.isfinite(loss) or diff > loss_tolerance(candidate):
-                row["rejected_because"] = (f"quality: the probe batch's loss differs from fp32's by {diff:.2e} "
+                row["rejected_because"] = (f"quality: the probe batch's loss at the initial weights differs from "
+                                           f"fp32's by {diff:.2e} "
                                            f"(allowed {loss_tolerance(candidate):.0e})")
         return ran
 
