@@ -24,7 +24,7 @@ Runs the section notebooks with papermill into reports/<profile>/ and writes rep
 Run records and timings made on another kind of machine (or under other conditions) are
 measured again; those made here are reused, so an interrupted reproduction resumes.
 
-  --profile      smoke (seconds per run), quick (default; a 2-core CPU in well under an hour),
+  --profile      smoke (a plumbing check, not evidence), quick (default; a 2-core CPU in well under an hour),
                  paper (the paper's setup; needs GPUs and the real data sets)
                  gpu (the paper's models and batches in short runs: about 6 minutes of one H100)
   --seeds N      seeds per configuration, N >= 1 (default 3: the fewest with a usable 95 % CI)
