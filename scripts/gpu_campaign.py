@@ -48,8 +48,9 @@ if str(ROOT) not in sys.path:
 
 from trainopt_core import OptimizationConfig, measure, prepare  # noqa: E402
 from trainopt_core import precision as mp  # noqa: E402
+from trainopt_core.planner.space import candidate_of  # noqa: E402
 from trainopt_core.reproduction import autoplan, runner  # noqa: E402
-from trainopt_core.reproduction.profiles import TASKS, get_profile  # noqa: E402
+from trainopt_core.reproduction.profiles import get_profile  # noqa: E402
 from trainopt_core.reproduction.tasks import build_task  # noqa: E402
 from trainopt_core.reproduction.throughput import measure_throughput  # noqa: E402
 
@@ -209,17 +210,9 @@ def run_task(task: str, profile: str, work: Path, device: torch.device) -> dict:
 
 
 def _config_name(cfg: OptimizationConfig) -> str:
-    parts = [cfg.precision + (" TF32" if cfg.tf32 else ""),
-             f"k={cfg.k}" + (f" (adaptive {cfg.k_min}-{cfg.k_max})" if cfg.adaptive else "")]
-    if cfg.checkpointing is not None:
-        parts.append(f"checkpointing {cfg.checkpointing} {cfg.checkpoint_policy}")
-    if cfg.optimizer_impl != "default":
-        parts.append(f"{cfg.optimizer_impl} optimizer")
-    if cfg.memory_format != "contiguous":
-        parts.append(cfg.memory_format)
-    if cfg.compile:
-        parts.append("compiled" + (" (CUDA graphs)" if cfg.compile_mode == "reduce-overhead" else ""))
-    return ", ".join(parts)
+    """How plan() names a configuration, with adaptive accumulation's range where k adapts."""
+    name = candidate_of(cfg.to_dict()).name
+    return name.replace(f"k={cfg.k}", f"k={cfg.k} (adaptive {cfg.k_min}-{cfg.k_max})", 1) if cfg.adaptive else name
 
 
 def plan_at_paper_size(task: str, profile: str, work: Path, device: torch.device, timing=None) -> dict:
@@ -267,24 +260,30 @@ def compare_loops(profile: str, device: torch.device, windows: int, steps: int) 
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=prof.betas, weight_decay=prof.weight_decay)
         return model, optimizer
 
+    def manual_loop(model, optimizer, autocast, backward, clip):
+        """A step written without trainopt's engine: autocast, backward, clip 1.0, the LR, AdamW."""
+        state = {"step": 0}
+
+        def step():
+            with autocast():
+                loss, _ = bundle.loss(model, *batch)
+            backward(loss)
+            clip()
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(state["step"])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state["step"] += 1
+            return float(batch[0].numel())
+
+        return step
+
     steps_fns, notes = {}, {}
     # 1. hand-written
     model_h, opt_h = fresh()
-    state = {"step": 0}
-
-    def hand():
-        with torch.autocast(device.type, dtype=dtype):
-            loss, _ = bundle.loss(model_h, *batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model_h.parameters(), 1.0)
-        for group in opt_h.param_groups:
-            group["lr"] = lr_at(state["step"])
-        opt_h.step()
-        opt_h.zero_grad(set_to_none=True)
-        state["step"] += 1
-        return float(batch[0].numel())
-
-    steps_fns["hand loop"] = hand
+    steps_fns["hand loop"] = manual_loop(model_h, opt_h, lambda: torch.autocast(device.type, dtype=dtype),
+                                         lambda loss: loss.backward(),
+                                         lambda: torch.nn.utils.clip_grad_norm_(model_h.parameters(), 1.0))
     # 2. trainopt
     model_e, opt_e = fresh()
     cfg = OptimizationConfig(precision=precision, k=1, schedule="cosine", clip_norm=1.0, min_lr_ratio=0.1)
@@ -305,21 +304,8 @@ def compare_loops(profile: str, device: torch.device, windows: int, steps: int) 
 
         accelerator = Accelerator(mixed_precision=precision, cpu=device.type == "cpu")
         model_a, opt_a = accelerator.prepare(*fresh())
-        state_a = {"step": 0}
-
-        def accelerate_step():
-            with accelerator.autocast():
-                loss, _ = bundle.loss(model_a, *batch)
-            accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model_a.parameters(), 1.0)
-            for group in opt_a.param_groups:
-                group["lr"] = lr_at(state_a["step"])
-            opt_a.step()
-            opt_a.zero_grad(set_to_none=True)
-            state_a["step"] += 1
-            return float(batch[0].numel())
-
-        steps_fns["accelerate"] = accelerate_step
+        steps_fns["accelerate"] = manual_loop(model_a, opt_a, accelerator.autocast, accelerator.backward,
+                                              lambda: accelerator.clip_grad_norm_(model_a.parameters(), 1.0))
     except ImportError as error:
         notes["accelerate"] = f"not installed: {error}"
     # 4. Lightning Fabric
@@ -329,21 +315,8 @@ def compare_loops(profile: str, device: torch.device, windows: int, steps: int) 
         fabric = Fabric(accelerator="cuda" if device.type == "cuda" else "cpu", devices=1,
                         precision="bf16-mixed" if precision == "bf16" else "16-mixed")
         model_f, opt_f = fabric.setup(*fresh())
-        state_f = {"step": 0}
-
-        def fabric_step():
-            with fabric.autocast():
-                loss, _ = bundle.loss(model_f, *batch)
-            fabric.backward(loss)
-            fabric.clip_gradients(model_f, opt_f, max_norm=1.0)
-            for group in opt_f.param_groups:
-                group["lr"] = lr_at(state_f["step"])
-            opt_f.step()
-            opt_f.zero_grad(set_to_none=True)
-            state_f["step"] += 1
-            return float(batch[0].numel())
-
-        steps_fns["fabric"] = fabric_step
+        steps_fns["fabric"] = manual_loop(model_f, opt_f, fabric.autocast, fabric.backward,
+                                          lambda: fabric.clip_gradients(model_f, opt_f, max_norm=1.0))
     except ImportError as error:
         notes["fabric"] = f"not installed: {error}"
     rates = measure.interleaved_windows(steps_fns, windows=windows, steps_per_window=steps, warmup_steps=3,

@@ -189,10 +189,11 @@ def _standin_class_structure(generator: torch.Generator, num_classes: int, proto
 # How hard the stand-in is (data, not code paths). Chosen with `scripts/try_standin.py` so that
 # the quick ResNet baseline climbs to a plateau well above chance and short of 100 % within its
 # 125 steps (docs/data.md, "The stand-ins and the quick profile's targets"). Mild nuisances keep
-# every image a fresh view; the ceiling comes from a tail of ambiguous images: in `ambiguous_fraction` of them another class's
-# pattern is as strong as the image's own or stronger (weight in `ambiguous_weight`). They are in
-# effect mislabeled, like CIFAR-10's ambiguous tail: a model that names the dominant pattern, as
-# one trained on the rest of the data does, gets them wrong, so the curve flattens below 100 %.
+# every image a fresh view; the ceiling comes from a tail of ambiguous images: in
+# `ambiguous_fraction` of them another class's pattern is as strong as the image's own or
+# stronger (weight in `ambiguous_weight`). They are in effect mislabeled, like CIFAR-10's
+# ambiguous tail: a model that names the dominant pattern, as one trained on the rest of the data
+# does, gets them wrong, so the curve flattens below 100 %.
 # Measured: the quick baseline (3 seeds, 500 test images) reaches 74 % after 10k samples and
 # 83 % at 16k, where it flattens; a linear probe on 4x4-pooled pixels (2,000 images, 150
 # full-batch Adam steps) reaches 91 %.
