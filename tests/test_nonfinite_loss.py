@@ -43,3 +43,46 @@ def test_a_non_finite_loss_with_finite_gradients_is_skipped_counted_and_stops_th
     with pytest.raises(NonFiniteTrainingError, match="non-finite loss at optimizer step 5"):
         _step(model, engine, bad=True)  # the second in a row: max_nonfinite_steps=2
     assert engine.skipped_steps == 3
+
+
+DEEPSPEED_FP32_ZERO0 = """
+import math, torch, torch.nn.functional as F
+from trainopt_core import OptimizationConfig, prepare
+from trainopt_core.precision import NonFiniteTrainingError
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2),
+                 OptimizationConfig(precision="fp32", zero_stage=0, max_nonfinite_steps=2),
+                 micro_batch_size=4, backend="deepspeed")
+poison = {"on": False}
+model[0].weight.register_hook(lambda g: g * math.inf if poison["on"] else g)
+
+def step(bad):
+    poison["on"] = bad
+    with engine.autocast():
+        loss = F.cross_entropy(engine.model(torch.randn(4, 8)), torch.randint(0, 4, (4,)))
+    engine.backward(loss)
+    return engine.step()
+
+print("first:", step(False))
+before = {k: v.clone() for k, v in model.state_dict().items()}
+print("poisoned:", step(True), "skipped:", engine.skipped_steps)
+print("weights kept:", all(torch.equal(before[k], v) for k, v in model.state_dict().items()))
+print("finite after:", all(bool(torch.isfinite(v).all()) for v in model.state_dict().values()))
+print("then:", step(False), step(True))
+try:
+    step(True)
+except NonFiniteTrainingError as error:
+    print("stopped:", str(error)[:80])
+engine.close()
+"""
+
+
+@pytest.mark.slow
+def test_deepspeed_fp32_zero0_skips_a_non_finite_gradient_before_it_reaches_the_weights(run_deepspeed_script):
+    out = run_deepspeed_script(DEEPSPEED_FP32_ZERO0)
+    # before, DeepSpeed applied the step (inf into the weights) and the engine raised afterwards
+    assert "first: True" in out and "poisoned: False skipped: 1" in out
+    assert "weights kept: True" in out and "finite after: True" in out
+    assert "then: True False" in out
+    assert "stopped: non-finite gradients at optimizer step 5" in out

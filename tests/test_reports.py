@@ -176,10 +176,13 @@ def test_one_seed_leaves_seed_quantities_inconclusive_but_judges_memory():
     assert table.loc["Peak memory", "claim_held"] == "held"  # bit-identical across seeds and reruns
 
 
-def test_main_results_table_marks_unreached_target_as_not_measured():
+def test_main_results_table_counts_an_unreached_target_and_says_so():
     records = paired_records(time_to_target_s=None)
     table = reports.main_results_table(records, "cifar10").set_index("metric")
-    assert table.loc["Time to target", "claim_held"] == "not measured"
+    # the optimized runs missed it in both seeds: they count at their runs' length, a bound that
+    # flatters them, so the claim cannot be held (it was "not measured" when missed seeds were dropped)
+    verdict = table.loc["Time to target", "claim_held"]
+    assert verdict.startswith("inconclusive (0 of 2 seeds reached the target in both")
     shown = reports.format_main_table(table.reset_index()).set_index("Metric")
     assert shown.loc["Time to target", "Measured optimized"] == "not reached"
 

@@ -245,6 +245,14 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self.effective_batch_size = step_samples
         self._apply_lr(self.samples_consumed + step_samples, step_samples)
         own_norm = clip_gradients(self.module.parameters(), None) if self._norm_from_grads else None
+        # gradients on the module (no ZeRO partitioning: stage 0), read before the step: a
+        # non-finite one is dropped, so that DeepSpeed's optimizer steps over no gradient and the
+        # weights and optimizer state stay as they were -- the step skipped, as the torch engine does
+        withheld = (self.config.precision != "fp16" and own_norm is not None
+                    and not math.isfinite(float(own_norm)))
+        if withheld:
+            for parameter in self.module.parameters():
+                parameter.grad = None
         skipped_before = self.ds_engine.skipped_steps
         scale_before = self._loss_scale
         try:
@@ -260,7 +268,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._ds_step_due = False
         # DeepSpeed counts a step as skipped from its own overflow check of the gradients
         # (inf/nan), the same test as GradScaler's -- not from the scale's movement.
-        stepped = self.ds_engine.skipped_steps == skipped_before
+        stepped = self.ds_engine.skipped_steps == skipped_before and not withheld
         norm = self.ds_engine.get_global_grad_norm() if own_norm is None else own_norm
         self._grad_norm = None if norm is None else float(norm)  # pre-clip, unscaled
         self._loss_scale = self._current_loss_scale()
@@ -278,11 +286,17 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._step_items = 0.0
         self._step_samples = 0
         if self.monitor is not None:
-            if self._grad_norm is None:
+            if self._grad_norm is None or withheld:
                 self.monitor.finish_step(math.nan, [])
             else:
                 self._update_k()  # eq. 6 on identical gathered numbers; the k setter tells DeepSpeed
-        if self.config.precision != "fp16" and self._grad_norm is not None and not math.isfinite(self._grad_norm):
+        if withheld and self.consecutive_skipped_steps >= self.config.max_nonfinite_steps:
+            raise mp.nonfinite_steps_error(
+                step=self.optimizer_steps, grad_norm=self._grad_norm, consecutive=self.consecutive_skipped_steps,
+                allowed=self.config.max_nonfinite_steps, precision=self.config.precision,
+                backend="DeepSpeed ZeRO-0, the steps skipped before they reached the weights")
+        if (self.config.precision != "fp16" and not withheld and self._grad_norm is not None
+                and not math.isfinite(self._grad_norm)):
             raise mp.nonfinite_steps_error(
                 step=self.optimizer_steps, grad_norm=self._grad_norm, consecutive=1,
                 allowed=0, precision=self.config.precision,
