@@ -366,6 +366,34 @@ SINGLE_PROCESS_SCRIPT = textwrap.dedent("""
     engine.step()
     print("second engine steps:", engine.optimizer_steps)
     engine.close()
+    # fp32 at ZeRO-0: a non-finite gradient is skipped before it reaches the weights
+    import math
+    from trainopt_core.precision import NonFiniteTrainingError
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    engine = prepare(mlp, torch.optim.AdamW(mlp.parameters(), lr=1e-2),
+                     OptimizationConfig(precision="fp32", zero_stage=0, max_nonfinite_steps=2),
+                     micro_batch_size=4, backend="deepspeed")
+    poison = {"on": False}
+    mlp[0].weight.register_hook(lambda g: g * math.inf if poison["on"] else g)
+
+    def step(bad):
+        poison["on"] = bad
+        with engine.autocast():
+            loss = F.cross_entropy(engine.model(torch.randn(4, 8)), torch.randint(0, 4, (4,)))
+        engine.backward(loss)
+        return engine.step()
+
+    print("first:", step(False))
+    before = {k: v.clone() for k, v in mlp.state_dict().items()}
+    print("poisoned:", step(True), "skipped:", engine.skipped_steps)
+    print("weights kept:", all(torch.equal(before[k], v) for k, v in mlp.state_dict().items()))
+    print("then:", step(False), step(True))
+    try:
+        step(True)
+    except NonFiniteTrainingError as error:
+        print("stopped:", str(error)[:80])
+    engine.close()
     from deepspeed.accelerator import get_accelerator
     try:
         engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01), OptimizationConfig(precision="fp16"),
@@ -391,6 +419,10 @@ def test_deepspeed_engine_runs_one_process_without_a_launcher():
     # a second engine in the same process, after the first closed its group (DeepSpeed's cached
     # groups released with it)
     assert "second engine steps: 1" in out
+    # fp32 ZeRO-0: a non-finite gradient dropped before DeepSpeed's step (before, DeepSpeed wrote it
+    # into the weights and the engine raised afterwards), counted, and two in a row stop the run
+    assert "first: True" in out and "poisoned: False skipped: 1" in out and "weights kept: True" in out
+    assert "then: True False" in out and "stopped: non-finite gradients at optimizer step 5" in out
     # fp16 needs an accelerator with fp16: refused with the alternative named, or run at 2^16
     assert ("fp16 refused:" in out and "allowed 'fp32' or 'bf16'" in out and out.rstrip().endswith("False")) or \
         ("fp16 loss scale: 65536.0 True" in out)

@@ -55,12 +55,12 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     summary = json.loads((first / "summary.json").read_text())
     assert summary["stages_done"] == [] and summary["stages_left"] == ["loops"]
     assert campaign.main(["--out", str(first), "--device", "cpu", "--profile", "smoke",
-                          "--stages", "runs:wikitext2,plan:cifar10,loops,profile:wikitext2"]) == 0
+                          "--stages", "runs:wikitext2,loops,profile:wikitext2"]) == 0
     assert campaign.main(["--out", str(second), "--resume", str(first), "--device", "cpu", "--profile", "smoke",
-                          "--stages", "runs:wikitext2,plan:cifar10,loops,profile:wikitext2,plan:wikitext2"]) == 0
+                          "--stages", "runs:wikitext2,loops,profile:wikitext2,plan:wikitext2"]) == 0
     summary = json.loads((second / "summary.json").read_text())
     # the first call's stages kept, only the new one run
-    assert summary["stages_done"] == ["runs:wikitext2", "plan:cifar10", "loops", "profile:wikitext2", "plan:wikitext2"]
+    assert summary["stages_done"] == ["runs:wikitext2", "loops", "profile:wikitext2", "plan:wikitext2"]
     assert sorted(p.name for p in second.iterdir()) == ["environment.json", "profiles.txt", "records.tar.gz",
                                                        "summary.json", "summary.md"]
     configs = summary["tasks"]["wikitext2"]["configs"]
@@ -71,8 +71,8 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
         assert (entry["speedup"] is None) == (name == "baseline")
     assert configs["auto"]["planning_s"] > 0 and configs["auto"]["plan_choice"]
     assert summary["tasks"]["wikitext2"]["recompute_overhead"]["segments"] >= 1
-    assert set(summary["plans"]) == {"cifar10", "wikitext2"}
-    assert summary["plans"]["cifar10"]["candidates"][0]["candidate"] == "fp32, k=1"
+    assert set(summary["plans"]) == {"wikitext2"}
+    assert summary["plans"]["wikitext2"]["candidates"][0]["candidate"] == "fp32, k=1"
     loops = summary["loops"]["loops"]
     assert {"hand loop", "trainopt engine"} <= set(loops) and loops["trainopt engine"]["vs_hand"] > 0
     goals = {g["goal"]: g for g in summary["goals"]}
