@@ -83,7 +83,7 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     assert "smoke/timing/throughput__wikitext2.json" in names  # the first call's records travel on
     assert "plans_at_paper_size/smoke/plan__wikitext2.json" in names
     text = (second / "summary.md").read_text()
-    assert text.index("## Goals") < text.index("## wikitext2") and "NOT WikiText-2" in text
+    assert text.index("## Goals") < text.index("## GPT-2 124M on stand-in: ") and "(NOT WikiText-2): smoke profile" in text
     assert "## wikitext2: auto (" in (second / "profiles.txt").read_text()
 
 

@@ -129,9 +129,11 @@ def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: di
     for _, r in summary.iterrows():
         verdict = PLUMBING if plumbing else f"{SYMBOLS.get(r['category'], '')} {r['verdict']}".strip()
         lines.append(f"| {r['table']} | {r['claim']} | {r['paper']} | {r['measured']} | {verdict} | {r['auto']} |")
-    lines += ["", "Measured: the change from the baseline with its 95 % interval (over seeds; throughput and time over "
-              "interleaved timing windows). `auto`: the configuration `plan()` chose on the same machine, measured "
-              "beside; the paper claims nothing for it."]
+    lines += ["", "Measured: the change from the baseline (Table IV: the scaling efficiency) with its 95 % interval "
+              "(over seeds; throughput and time over interleaved timing windows; peak memory is the same in every "
+              "seed, so its interval has no width). `auto`: the configuration `plan()` chose on the same machine, "
+              "its change from the baseline (one configuration: the same in every Table III row); the paper "
+              "claims nothing for it."]
     for key, value in (context or {}).items():
         lines += ["", f"{key}: {value}."]
     return "\n".join(lines) + "\n"
