@@ -28,7 +28,6 @@ record). `--device cpu --profile smoke` rehearses the plumbing at smoke sizes (t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import math
@@ -154,8 +153,7 @@ def run_tests(out: Path) -> dict:
 
 def _mfu(flops_per_item: float, items_per_s: float | None, cfg: OptimizationConfig, device, workload: str):
     """(utilization, peak, source) of a rate against the peak of the precision `cfg` ran in."""
-    with mp.tf32_allowed() if cfg.tf32 else contextlib.nullcontext():
-        peak, source = measure.peak_flops(device, cfg.precision, workload=workload)
+    peak, source = runner.config_peak_flops(cfg, device, workload)
     return measure.model_flops_utilization(flops_per_item, items_per_s, peak), peak, source
 
 

@@ -205,8 +205,7 @@ class TrainingEngine:
             self.monitor.begin_micro_batch(self.device, 1.0 / (factor * self._loss_scale), items)
         if isinstance(factor, torch.Tensor):
             factor = factor.to(torch.float32)
-        finite = torch.isfinite(loss.detach()).all()
-        self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
+        self._note_loss(loss)
         scaled = loss * factor
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
@@ -266,9 +265,7 @@ class TrainingEngine:
         self._apply_lr(self.samples_consumed + step_samples, step_samples)
         # a non-finite loss whose gradients are finite (`loss + inf` from a bad regularizer term)
         # is no step either: skipped and counted like non-finite gradients, in every precision
-        loss_finite = True
-        if self._losses_finite is not None:
-            loss_finite, self._losses_finite = bool(self._losses_finite), None
+        loss_finite = self._losses_were_finite()
         self.consecutive_nonfinite_losses = 0 if loss_finite else self.consecutive_nonfinite_losses + 1
         if self.scaler is not None:
             # GradScaler skips the optimizer step exactly when the unscaled gradients hold an
@@ -321,6 +318,16 @@ class TrainingEngine:
             f"OptimizationConfig.max_nonfinite_steps={self.config.max_nonfinite_steps} in a row. {mp.NON_FINITE_CAUSES}.")
 
     # ------------------------------------------------------------------ internals
+    def _note_loss(self, loss: torch.Tensor) -> None:
+        """Keeps, on the device, whether this step's micro-batch losses were all finite."""
+        finite = torch.isfinite(loss.detach()).all()
+        self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
+
+    def _losses_were_finite(self) -> bool:
+        """Whether the losses noted since the last step were finite (one device sync), and forget them."""
+        finite, self._losses_finite = self._losses_finite, None
+        return True if finite is None else bool(finite)
+
     def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:
         return _torch_zero_partitioning(zero_stage, world_size)
 

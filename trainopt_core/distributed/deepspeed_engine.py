@@ -173,7 +173,6 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._micro_batches_seen = 0
         self._mean_items = 0.0
         self._ds_step_due = False
-        self._losses_finite: torch.Tensor | None = None
         self.item_weight_ratio = 1.0
 
     # ------------------------------------------------------------------ k reaches DeepSpeed
@@ -219,8 +218,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if self.monitor is not None:
             self.monitor.begin_micro_batch(self.device, 1.0 / (weight * self._loss_scale), items)
         if self.config.precision != "fp16":  # on the device: one sync per step, at the boundary
-            finite = torch.isfinite(loss.detach()).all()
-            self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
+            self._note_loss(loss)
         with mp.tf32_allowed() if self.config.tf32 else contextlib.nullcontext():
             self.ds_engine.backward(loss * weight, scale_wrt_gas=False)
         self._ds_step_due = True
@@ -237,10 +235,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             self.ds_engine.step()  # not a boundary: DeepSpeed only counts the micro-step
             self._ds_step_due = False
             return False
-        if self._losses_finite is not None:
-            finite, self._losses_finite = bool(self._losses_finite), None
-            if not finite:
-                self._stop_nonfinite_before_step()
+        if not self._losses_were_finite():
+            self._stop_nonfinite_before_step()
         step_samples = self._replica_sum(self._step_samples)
         self.effective_batch_size = step_samples
         self._apply_lr(self.samples_consumed + step_samples, step_samples)

@@ -16,7 +16,6 @@ import pandas as pd
 
 from .environment import describe_hardware, describe_manifest
 from .results import load_records, resolve_reports_dir
-from .summary import profile_summary
 from .._errors import fail as _fail
 
 # Layout of one profile's folder under reports/.
@@ -175,6 +174,9 @@ def write_reports_index(reports_root: str | os.PathLike) -> Path:
     executed notebooks. Returns the path."""
     root = resolve_reports_dir(reports_root)
     root.mkdir(parents=True, exist_ok=True)
+    # imported here: `python -m trainopt_core.reporting.summary` then finds it not yet imported
+    from .summary import profile_summary
+
     profiles = _profile_dirs(root)
     lines = ["# Reports", ""]
     for folder in profiles:  # the answer first: did the claims hold, per profile

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from .environment import describe_manifest
-from .results import load_records
+from .results import as_number, load_records
 from .tables import format_change
 from .verdicts import verdict_category
 from .._errors import fail as _fail
@@ -33,20 +33,13 @@ _SCALING = (("table4_scaling_resnet", "ResNet"),)
 _NOT_JUDGED = ("no claim", "—", "modelled, not judged")
 
 
-def _number(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _change(row, key: str) -> str:
-    return format_change(_number(row.get(key)), (_number(row.get(f"{key}_ci_low")), _number(row.get(f"{key}_ci_high"))))
+    return format_change(as_number(row.get(key)), (as_number(row.get(f"{key}_ci_low")),
+                                                   as_number(row.get(f"{key}_ci_high"))))
 
 
 def _pct(value) -> str:
-    value = _number(value)
-    return "—" if not math.isfinite(value) else f"{100 * value:+.1f}%"
+    return format_change(as_number(value))  # "+27.4%", "—" where there is none
 
 
 def _read(tables_dir: Path, name: str) -> pd.DataFrame | None:
@@ -86,11 +79,11 @@ def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
         for _, r in (table if table is not None else pd.DataFrame()).iterrows():
             if str(r["claim_held"]) in _NOT_JUDGED:
                 continue
-            efficiency, low, high = (_number(r[k]) for k in ("efficiency", "efficiency_ci_low", "efficiency_ci_high"))
+            efficiency, low, high = (as_number(r[k]) for k in ("efficiency", "efficiency_ci_low", "efficiency_ci_high"))
             measured = "—" if not math.isfinite(efficiency) else f"{100 * efficiency:.1f}%" + (
                 f" [{100 * low:.1f}, {100 * high:.1f}]" if math.isfinite(low) and math.isfinite(high) else "")
             rows.append(dict(table="IV", claim=f"{model} {r['config']}: scaling efficiency, {int(r['world_size'])} "
-                                                f"processes", paper=f"{100 * _number(r['paper_efficiency']):.1f}%",
+                                                f"processes", paper=f"{100 * as_number(r['paper_efficiency']):.1f}%",
                              measured=measured, verdict=r["claim_held"], auto="—"))
     frame = pd.DataFrame(rows, columns=["table", "claim", "paper", "measured", "verdict", "auto"])
     frame["category"] = [verdict_category(v) for v in frame["verdict"]]

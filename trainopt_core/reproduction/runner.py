@@ -247,8 +247,7 @@ def run(
     qualities = [h["quality"] for h in history]
     reach = dict(target=prof.target, higher_is_better=prof.higher_is_better)
     items_per_s = throughput.items_per_s()
-    with mp.tf32_allowed() if cfg.tf32 else contextlib.nullcontext():  # the flags the steps ran under
-        peak_flops, peak_source = measure.peak_flops(device, cfg.precision, workload=bundle.flops_workload)
+    peak_flops, peak_source = config_peak_flops(cfg, device, bundle.flops_workload)
     flops_item = bundle.training_flops_per_item
     metrics = dict(
         # Deterministic for a seed: where the quality curve crosses the target.
@@ -358,6 +357,13 @@ def build_engine(bundle: Task, prof: TaskProfile, cfg: OptimizationConfig, *, de
     engine = prepare(model, optimizer, cfg, total_samples=total_samples, micro_batch_size=micro, device=device,
                      backend=backend)
     return engine, micro
+
+
+def config_peak_flops(cfg: OptimizationConfig, device, workload: str) -> tuple[float, str]:
+    """The peak FLOP/s a run of `cfg` is measured against (`measure.peak_flops`), read under the
+    TF32 flags its steps ran with."""
+    with mp.tf32_allowed() if cfg.tf32 else contextlib.nullcontext():
+        return measure.peak_flops(device, cfg.precision, workload=workload)
 
 
 def one_optimizer_step(engine, bundle: Task, model, batches) -> tuple[float, float]:
