@@ -244,3 +244,18 @@ def test_timer_includes_queued_cuda_work(cuda, tf32_flags):
     gpu_s = start_event.elapsed_time(end_event) / 1e3
     assert timer.elapsed_s >= gpu_s * 0.999
     assert launch_s < 0.5 * gpu_s  # the work was queued: without the synchronize it would be missed
+
+
+def test_the_allocator_only_tracker_reads_the_same_peak_without_a_breakdown(cuda):
+    from trainopt_core.measure.tracker import MemoryTracker
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).to(cuda)
+    x = torch.randn(512, 1024, device=cuda)
+    model(x).square().mean().backward()  # gradients allocated: both steps start from the same state
+    peaks = {}
+    for breakdown in (True, False):
+        with MemoryTracker(model, device=cuda, breakdown=breakdown) as tracker:
+            model(x).square().mean().backward()
+        peaks[breakdown] = tracker.peak_bytes
+        assert bool(tracker.breakdown_at_peak) == breakdown
+    assert peaks[False] == pytest.approx(peaks[True], rel=0.05)

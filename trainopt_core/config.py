@@ -173,6 +173,11 @@ class OptimizationConfig:
         return self.k
 
     @property
+    def cuda_graphs(self) -> bool:
+        """Whether the step replays in CUDA graphs (compiled in mode "reduce-overhead")."""
+        return self.compile and self.compile_mode == "reduce-overhead"
+
+    @property
     def batch_splits(self) -> int:
         """How many micro-batches the baseline batch is split into: k, or k_min when k adapts
         (so the effective batch never falls below the baseline's; docs/reproduction.md: our reading

@@ -141,9 +141,10 @@ class PeakMemory:
         return self._measure_phase("evaluation")
 
     # ------------------------------------------------------------------ live-tensor tracker
-    def track_step(self, model=None, optimizer=None) -> MemoryTracker:
-        """A `MemoryTracker` for one step; hand it to `add_tracked` after its exit."""
-        return MemoryTracker(model, optimizer, self.device)
+    def track_step(self, model=None, optimizer=None, *, breakdown: bool = True) -> MemoryTracker:
+        """A `MemoryTracker` for one step; hand it to `add_tracked` after its exit. `breakdown=False`
+        (CUDA only; a step in CUDA graphs): the allocator's peak alone, no breakdown."""
+        return MemoryTracker(model, optimizer, self.device, breakdown=breakdown)
 
     def add_tracked(self, tracker: MemoryTracker) -> None:
         """Adds a finished tracked step: its breakdown, and its peak to the training peak."""
@@ -175,6 +176,9 @@ class PeakMemory:
         return self._training_reserved_bytes
 
     def breakdown(self) -> dict[str, int] | None:
-        if not self._tracked:
+        """The breakdown at the peak of the tracked step with the highest peak; None if no step was
+        tracked with a breakdown."""
+        tracked = [t for t in self._tracked if t.breakdown]
+        if not tracked:
             return None
-        return dict(max(self._tracked, key=lambda t: t.tracked_peak_bytes).breakdown_at_peak)
+        return dict(max(tracked, key=lambda t: t.tracked_peak_bytes).breakdown_at_peak)

@@ -149,14 +149,23 @@ class MemoryTracker:
     module), `max_bytes_by_category` (each category's own maximum during the step: e.g. all saved
     activations at the end of the forward pass), `source` and `breakdown_source`. On CUDA the
     allocator's peak statistics are reset on entry (`reset_cuda_peak=False` leaves them alone).
+
+    `breakdown=False` (CUDA only): the allocator's peaks alone, no hooks and no dispatch mode --
+    for a step replayed in CUDA graphs (`compile_mode="reduce-overhead"`), which the breakdown's
+    dispatch mode, active for one step, leaves replaying at eager speed afterwards (measured on an
+    H200: 2.0x eager before such a step, 0.91x after). `breakdown_at_peak` is then empty.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 device: torch.device | str | None = None, *, reset_cuda_peak: bool = True):
+                 device: torch.device | str | None = None, *, reset_cuda_peak: bool = True, breakdown: bool = True):
         if device is None:
             first = next(iter(model.parameters()), None) if model is not None else None
             device = first.device if first is not None else torch.device("cpu")
         self.device = torch.device(device)
+        if not breakdown and self.device.type != "cuda":
+            raise ValueError(f"breakdown=False on {self.device}: allowed on CUDA only (elsewhere the live-tensor "
+                             "breakdown is the only reading of the peak)")
+        self.breakdown = breakdown
         self.model = model
         self.optimizer = optimizer
         self.reset_cuda_peak = reset_cuda_peak
@@ -294,6 +303,8 @@ class MemoryTracker:
             self.cuda_peak_before_bytes = torch.cuda.max_memory_allocated(self.device)
             if self.reset_cuda_peak:
                 torch.cuda.reset_peak_memory_stats(self.device)
+        if not self.breakdown:
+            return self
         with self._lock:
             self._open = True
             self._tag_state()
@@ -317,6 +328,11 @@ class MemoryTracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.breakdown:
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.peak_reserved_bytes = torch.cuda.max_memory_reserved(self.device)
+            return
         for context in reversed(self._contexts):
             context.__exit__(exc_type, exc, tb)
         self._contexts = []

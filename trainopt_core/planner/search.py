@@ -163,7 +163,10 @@ class Search:
             with contextlib.ExitStack() as stack:
                 if candidate == Candidate() and self.num_blocks:
                     inputs_bytes = stack.enter_context(block_inputs_bytes(trial.model))
-                tracker = stack.enter_context(MemoryTracker(trial.tracked, trial.optimizer, self.device))
+                # CUDA graphs: the allocator's peak only (the breakdown's dispatch mode would leave
+                # the graphs replaying at eager speed in the timing that follows)
+                tracker = stack.enter_context(MemoryTracker(trial.tracked, trial.optimizer, self.device,
+                                                            breakdown=not candidate.config().cuda_graphs))
                 trial.step()
         except (torch.OutOfMemoryError, RuntimeError) as caught:
             if not _is_out_of_memory(caught) and not candidate.compile:

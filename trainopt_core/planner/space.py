@@ -131,8 +131,8 @@ def zero_twins(twin: Candidate) -> list[Candidate]:
 def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_factory, device: torch.device,
                          try_compile: bool) -> list[dict]:
     """The speed options to try on `best`: the optimizer's fused kernels (foreach where it has
-    none), channels-last for a model with convolutions, torch.compile where `try_compile` and on
-    CUDA also compiled into CUDA graphs (mode "reduce-overhead") (the last two not at a ZeRO stage)."""
+    none), channels-last for a model with convolutions, torch.compile where `try_compile` -- on
+    CUDA into CUDA graphs (mode "reduce-overhead") -- (the last two not at a ZeRO stage)."""
     options = []
     probe = optimizer_factory([torch.nn.Parameter(torch.zeros(1, device=device))])
     # the fused kernel where the optimizer has one for this device, else foreach (fused does the
@@ -148,11 +148,14 @@ def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_fact
     if best.memory_format == "contiguous" and any(p.dim() == 4 for p in model.parameters()) and not best.zero_stage:
         options.append({"memory_format": "channels_last"})
     if try_compile and not best.compile and not best.zero_stage:
-        if device.type == "cuda":  # CUDA graphs: a launch-bound step stops paying for its launches
-            # first: built after a default-mode copy of the same model, it ran that copy's compiled
-            # code (dynamo's cache; an H200 under torch 2.11), while built first it compiles its own
-            options.append({"compile": True, "compile_mode": "reduce-overhead"})
-        options.append({"compile": True})
+        # one compiled mode per device. CUDA: CUDA graphs (inductor's code, replayed as graphs: a
+        # launch-bound step stops paying for its launches; a graph inductor cannot capture runs
+        # its compiled code as mode "default" would). Not beside a default-mode copy: two modes'
+        # copies of one model in one process share dynamo's cache, and on an H200 (torch 2.11)
+        # either ran the other's code -- the CUDA-graphs copy at 1.00x [0.92, 1.08] eager fp16 in
+        # a plan with a default-mode copy, 2x timed apart.
+        options.append({"compile": True, "compile_mode": "reduce-overhead"} if device.type == "cuda"
+                       else {"compile": True})
     return options
 
 

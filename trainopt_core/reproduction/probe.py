@@ -51,7 +51,7 @@ def probe_accumulation_steps(
         batches = bundle.train_batches(micro, seed=seed)
         one_optimizer_step(engine, bundle, model, batches)  # warm-up
         memory = measure.PeakMemory(dev)
-        with memory.track_step(model, optimizer) as tracker:
+        with memory.track_step(model, optimizer, breakdown=not cfg.cuda_graphs) as tracker:
             one_optimizer_step(engine, bundle, model, batches)
         memory.add_tracked(tracker)
         items, start = 0.0, time.perf_counter()

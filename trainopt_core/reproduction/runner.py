@@ -204,7 +204,9 @@ def run(
                     history.append(_evaluate(bundle, engine, model, train_time_s, steps))
                 next_eval_samples += prof.eval_every_samples
             tracking = engine.optimizer_steps == tracked_step and memory.tracks_live_tensors
-            tracker = memory.track_step(model, engine.optimizer) if tracking else contextlib.nullcontext()
+            # a step in CUDA graphs: the allocator's peak only (the breakdown would slow the graphs' replay)
+            tracker = (memory.track_step(model, engine.optimizer, breakdown=not cfg.cuda_graphs) if tracking
+                       else contextlib.nullcontext())
             with memory.training_step(), tracker:  # the training step's peak; evaluation is measured apart
                 start = time.perf_counter()
                 step_items, step_loss = one_optimizer_step(engine, bundle, model, batches)
