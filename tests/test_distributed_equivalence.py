@@ -394,6 +394,22 @@ SINGLE_PROCESS_SCRIPT = textwrap.dedent("""
     except NonFiniteTrainingError as error:
         print("stopped:", str(error)[:80])
     engine.close()
+    # fp32 at ZeRO-2: DeepSpeed's ZeRO optimizer finds the non-finite norm and skips the step itself
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    engine = prepare(mlp, torch.optim.AdamW(mlp.parameters(), lr=1e-2),
+                     OptimizationConfig(precision="fp32", zero_stage=2, max_nonfinite_steps=2),
+                     micro_batch_size=4, backend="deepspeed")
+    mlp[0].weight.register_hook(lambda g: g * math.inf if poison["on"] else g)
+    print("zero2 first:", step(False))
+    before = {k: v.clone() for k, v in mlp.state_dict().items()}
+    try:
+        print("zero2 poisoned:", step(True), "skipped:", engine.skipped_steps)
+        print("zero2 weights kept:", all(torch.equal(before[k], v) for k, v in mlp.state_dict().items()))
+        step(True)
+    except NonFiniteTrainingError as error:
+        print("zero2 stopped:", str(error)[:120])
+    engine.close()
     from deepspeed.accelerator import get_accelerator
     try:
         engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=0.01), OptimizationConfig(precision="fp16"),
@@ -423,6 +439,17 @@ def test_deepspeed_engine_runs_one_process_without_a_launcher():
     # into the weights and the engine raised afterwards), counted, and two in a row stop the run
     assert "first: True" in out and "poisoned: False skipped: 1" in out and "weights kept: True" in out
     assert "then: True False" in out and "stopped: non-finite gradients at optimizer step 5" in out
+    # ZeRO-2: DeepSpeed (0.19, the version checked) skipped the step itself; counted as a skip
+    # (before, the engine raised that DeepSpeed had applied it), and two in a row stop the run
+    import deepspeed
+    from packaging.version import Version
+
+    if Version(deepspeed.__version__) < Version("0.19"):
+        pytest.skip(f"DeepSpeed {deepspeed.__version__}: whether its ZeRO optimizer skips a bf16/fp32 step was "
+                    "checked on 0.19")
+    assert "zero2 first: True" in out and "zero2 poisoned: False skipped: 1" in out
+    assert "zero2 weights kept: True" in out
+    assert "zero2 stopped: non-finite gradients at optimizer step 3" in out and "DeepSpeed ZeRO-2" in out
     # fp16 needs an accelerator with fp16: refused with the alternative named, or run at 2^16
     assert ("fp16 refused:" in out and "allowed 'fp32' or 'bf16'" in out and out.rstrip().endswith("False")) or \
         ("fp16 loss scale: 65536.0 True" in out)
