@@ -23,16 +23,22 @@ reports_dir = "../reports"   # relative to notebooks/
 data_policy = "auto"     # auto (real data if present, else a labeled stand-in) | real | standin'''
 
 SETUP = '''\
+import warnings
+
 from IPython.display import display
 from trainopt_core import reporting
 from trainopt_core.reporting import figures, tables
 from trainopt_core.reporting.notebook import (
     TASK_LABELS, configuration_table, paper_claims_frame, parse_tasks, publish_figure, publish_table,
     records_of, report_paths, run_grid, show_markdown, show_table, table_name, timed_grid)
+from trainopt_core.reproduction.data.sources import checkout_relative
 
+# a warning in one line, without the path of the file that raised it
+warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\\n"
 paths = report_paths(reports_dir, profile)
 tasks = parse_tasks(tasks)
-print(f"profile {profile!r}, {seeds} seed(s), tasks {tasks}; run records in {paths.runs}")'''
+print(f"profile {profile!r}, {seeds} seed(s), tasks {tasks}; "
+      f"run records in {checkout_relative(str(paths.runs))}")'''
 
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -108,6 +114,16 @@ the paper's ±0.5 % and is not held when it lies entirely outside. Anything else
 """),
     code(SETUP),
     md("""
+## The answer first: did the paper's claims hold?
+
+The summary of this profile's tables as they stand in `reports/<profile>/tables/` when this
+notebook starts: those of the last reproduction (this notebook's Tables I and II below are made
+again from the run records; `./run_all.sh` prints the summary again at its end). A new reports
+folder has none yet.
+"""),
+    code('''from trainopt_core.reporting.summary import profile_summary
+show_markdown(profile_summary(paths.root, profile))''', IGNORE),
+    md("""
 ## The paper's claims
 
 Table I (CIFAR-10, ResNet-50) and Table II (WikiText-2, GPT-2 small) as printed, measured on
@@ -152,8 +168,9 @@ and its change vs the baseline (paired like the optimized one's).
     md("""
 ## Quality vs training time
 
-Evaluation quality against training time (evaluation excluded) per configuration and seed; the
-dashed line is the profile's target. Time to target is where a curve first crosses it.
+Evaluation quality against training time (evaluation excluded): each configuration's mean over
+its seeds with the 95 % band across them, each seed thin beneath; the dashed black line is the
+profile's target. Time to target is where a seed's curve first crosses it.
 """),
     code('''for task in tasks:
     display(publish_figure(figures.quality_curves(records, task), paths, table_name("curves", task)))''', IGNORE),
@@ -172,7 +189,9 @@ for task, plan in planning.load_plans(paths.plans, tasks).items():
                   f"The auto plan: {TASK_LABELS[task]['description']}", records_of(records, task, ["auto"]),
                   display=planning.format_plan_table(plan))
     print(plan.explain())
-    display(publish_figure(plan.pareto_figure(), paths, table_name("plan_pareto", task)))''', IGNORE),
+    auto_runs = records_of(records, task, ["auto"])
+    display(publish_figure(plan.pareto_figure(data=figures.data_label(auto_runs) if auto_runs else None), paths,
+                           table_name("plan_pareto", task)))''', IGNORE),
 ]
 
 # ---------------------------------------------------------------------------- 02 ablation
@@ -443,6 +462,9 @@ for task in tasks:
 show_table(pd.DataFrame(rows))''', CHECK),
     md("## Measured runs of this profile"),
     code('''records = reporting.load_records(reports_dir, profile, tasks=tasks)
+# the tables' interleaved timing windows: throughput, time to target and the curves of checkpointed
+# runs come from them, as in Tables I-III
+records = reporting.with_throughput(records, reporting.stored_throughput(paths.timing, tasks))
 print(f"{len(records)} complete run record(s) of profile {profile!r}")
 if records:
     show_table(explorer.runs_summary(records))''',
@@ -461,6 +483,14 @@ if records:
          IGNORE),
     md("## Interactive panel"),
     code('explorer.explorer_app(records, tasks=tasks)', IGNORE),
+    md("""
+## The panel's default view, rendered
+
+What the panel above shows when it opens (every component, the optimized preset's k, the precision
+the optimized runs used, ⌈√L⌉ segments), for each task, as plain output: readable where no kernel
+runs the panel (a saved notebook, a repository viewer).
+"""),
+    code('explorer.show_default_view(records, tasks=tasks)', IGNORE),
     md("""
 ## Re-plan: another memory budget or other weights
 

@@ -29,6 +29,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _standin_notices_unseen():
+    """Each test starts as a fresh process would: no stand-in notice shown yet (they are shown
+    once per process)."""
+    from trainopt_core.reproduction.data import sources
+
+    sources._ANNOUNCED.clear()
+
+
 @pytest.fixture
 def tf32_flags():
     """Sets the matmul / cuDNN-convolution TF32 flags for a test and restores them."""

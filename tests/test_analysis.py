@@ -144,6 +144,15 @@ def test_memory_by_category_compares_with_the_baseline():
     assert table.loc["parameters", "optimized vs baseline"] == pytest.approx(0.0)
 
 
+def test_memory_by_category_does_not_compare_against_a_category_the_baseline_lacks_at_its_peak():
+    # the baseline peaks before its gradients exist (0.04 % of its peak); the optimized run holds them
+    records = [make_record(config="baseline", breakdown={"activations": 2400.0, "gradients": 1.0}),
+               make_record(config="optimized", breakdown={"activations": 10.0, "gradients": 143.0})]
+    table = analysis.memory_by_category(records, "cifar10")
+    assert math.isnan(table.loc["gradients", "optimized vs baseline"])
+    assert table.loc["activations", "optimized vs baseline"] == pytest.approx(10 / 2400 - 1)
+
+
 # ------------------------------------------------------------------ operations and activations
 @pytest.mark.parametrize("name, category", [
     ("aten::mkldnn_convolution", "convolution"),
@@ -368,3 +377,28 @@ def test_op_profile_of_a_configuration_object_is_kept_under_its_name(tmp_path):
     frame = analysis.profile_operations("wikitext2", config, profile="smoke", steps=1, warmup_steps=0, out_dir=tmp_path)
     assert (tmp_path / "op_profile__wikitext2__my_baseline.json").exists()
     assert set(frame["config"]) == {"my baseline"}
+
+
+def test_the_explorers_default_view_draws_a_curve_for_its_runs_from_the_tables_timing(capsys):
+    """The default selection is the optimized configuration: its curve is its un-checkpointed
+    twin's, placed by the interleaved timing windows the tables use (before, only the target line
+    was drawn); with no match the nearest measured configuration and what differs are named."""
+    from unittest import mock
+
+    base = make_record(config="baseline", breakdown={"activations": 8e8})
+    base["profile_settings"] = {"model": {"layers": [1, 1, 1, 1], "width": 4}}
+    base["config"] = OptimizationConfig.baseline().to_dict()
+    opt = make_record(config="optimized", precision="bf16", timing=(40.0, 50.0, 60.0))
+    opt["config"] = OptimizationConfig.optimized().replace(precision="bf16").to_dict()
+    opt["history"] = [dict(h, time_s=None) for h in opt["history"]]
+    drawn = []
+    with mock.patch("trainopt_core.reporting.figures.figure_image", lambda fig: drawn.append(fig)), \
+            mock.patch("IPython.display.display", lambda *a, **k: None):
+        explorer.show_default_view([base, opt], tasks=("cifar10",))
+    (fig,) = drawn
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert "optimized" in labels
+    explorer.show_view([base, opt], "cifar10", explorer.config_from_components({"accumulation"}, k=4, adaptive=False))
+    out = capsys.readouterr().out
+    assert "none with these settings; the nearest measured is 'baseline', which differs in k: 1 measured, 4 selected" \
+        in out

@@ -190,6 +190,9 @@ def test_explorer_panel_redraws_when_two_controls_change(lab, browser):
     _shot(page, "explorer_1_as_opened")
     before = panel.text_content()
     assert "NOT WikiText-2" in before  # the stand-in is labeled in the panel
+    # the default view (optimized: checkpointed, its curve its twin's on the interleaved-timing
+    # axis) draws its quality curve, and the rendered default view below the panel does too
+    assert panel.locator("img").count() >= 1, "the panel's default view has no quality-curve figure"
     page.locator(".widget-dropdown:has(.widget-label:text-is('precision')) select").select_option("fp32")
     page.wait_for_function("([el, old]) => el.textContent !== old && el.textContent.includes('memory: activations')",
                            arg=[panel.element_handle(), before])

@@ -138,12 +138,13 @@ def test_datasets_saved_copy_is_used_when_no_raw_files(tmp_path):
     assert source.startswith("WikiText-2 (Hugging Face datasets: saved copy")
 
 
-def test_text_standin_is_announced_loudly_and_never_called_wikitext2(tmp_path, no_hf_datasets, caplog):
-    with pytest.warns(StandinDataWarning, match="NOT WikiText-2"):
+def test_text_standin_is_announced_loudly_and_never_called_wikitext2(tmp_path, no_hf_datasets):
+    with pytest.warns(StandinDataWarning, match="NOT WikiText-2") as caught:
         splits, source = load_text_splits(data_dir=tmp_path, allow_download=False)
     assert source == STANDIN_TEXT_SOURCE == "stand-in: pydoc_data English text (NOT WikiText-2)"
-    assert any("STAND-IN DATA" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
-    assert str(tmp_path) in caplog.text  # says where the real files would go
+    notices = [str(w.message) for w in caught if w.category is StandinDataWarning]
+    assert len(notices) == 1 and notices[0].startswith("STAND-IN DATA: ")
+    assert str(tmp_path) in notices[0]  # says where the real files would go
 
 
 def test_text_standin_split_is_deterministic_contiguous_and_90_5_5():
@@ -277,26 +278,26 @@ def test_standin_images_are_learnable_well_above_chance():
     assert 0.5 < accuracy < 0.95, accuracy
 
 
-def test_image_standin_is_announced_loudly_and_cached(tmp_path, caplog):
+def test_image_standin_is_announced_loudly_once_and_cached(tmp_path):
     kwargs = dict(data_dir=tmp_path, allow_download=False, standin_train_size=40, standin_test_size=20)
-    with pytest.warns(StandinDataWarning, match="NOT CIFAR-10"):
+    with pytest.warns(StandinDataWarning, match="NOT CIFAR-10") as caught:
         first = load_image_dataset(**kwargs)
     assert first.source == "stand-in: synthetic 10-class 32x32 images (NOT CIFAR-10)" and first.is_standin
-    assert "cifar-10-batches-py" in caplog.text and str(tmp_path) in caplog.text
+    notice = next(str(w.message) for w in caught if w.category is StandinDataWarning)
+    assert "cifar-10-batches-py" in notice and str(tmp_path) in notice
     cached = list((tmp_path / "cache").glob("standin-images-*.pt"))
     assert len(cached) == 1
-    with pytest.warns(StandinDataWarning):
+    with warnings.catch_warnings():  # shown once per process: a notebook's 40th run says nothing more
+        warnings.simplefilter("error", StandinDataWarning)
         second = load_image_dataset(**kwargs)
     assert torch.equal(first.train_x, second.train_x) and torch.equal(first.test_y, second.test_y)
     # the second load came from the cache file: a marked cache entry comes back as written
     entry = torch.load(cached[0])
     entry["train_x"] = torch.zeros_like(entry["train_x"])
     torch.save(entry, cached[0])
-    with pytest.warns(StandinDataWarning):
-        assert int(load_image_dataset(**kwargs).train_x.sum()) == 0
+    assert int(load_image_dataset(**kwargs).train_x.sum()) == 0
     # other parameters (seed) are another cache entry
-    with pytest.warns(StandinDataWarning):
-        load_image_dataset(**kwargs, seed=1)
+    load_image_dataset(**kwargs, seed=1)
     assert len(list((tmp_path / "cache").glob("standin-images-*.pt"))) == 2
 
 
@@ -433,3 +434,12 @@ def test_standin_images_take_several_epochs_for_a_small_cnn():
             accuracies.append((model(xb).argmax(1) == yb).float().mean().item())
     assert accuracies[0] > 0.15, accuracies  # learnable: above chance (0.10) after one epoch
     assert max(accuracies[1:]) > accuracies[0] + 0.05, accuracies  # and still climbing after it
+
+
+def test_a_notice_shows_paths_inside_the_checkout_relative_to_it():
+    from trainopt_core.reproduction.data import sources
+
+    text = sources.checkout_relative(f"Put wiki.*.raw in {sources.CHECKOUT / 'data'} to use the real data.")
+    assert str(sources.CHECKOUT) not in text and "in ./data to use" in text
+    assert text.endswith("(paths relative to the trainopt checkout)")
+    assert sources.checkout_relative("in /elsewhere/data") == "in /elsewhere/data"

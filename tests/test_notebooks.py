@@ -218,3 +218,16 @@ def test_a_failing_cell_is_named(tmp_path):
         execute_notebook(tmp_path / "broken.ipynb", tmp_path / "out.ipynb", kernel_name="python3")
     described = describe_failed_cell(tmp_path / "out.ipynb")
     assert "code cell 2" in described and "ValueError: boom in cell two" in described
+
+
+@pytest.mark.slow
+def test_executed_notebooks_say_each_stand_in_once_and_carry_no_checkout_paths_or_profiler_noise(executed):
+    checkout = str(REPO)
+    for name, path in executed["notebooks"].items():
+        text = "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+                         for c in code_cells(read(path)) for o in c.outputs)
+        for data_set in ("NOT CIFAR-10 results", "NOT WikiText-2 results"):
+            assert text.count(data_set) <= 1, f"{name}: the {data_set!r} notice {text.count(data_set)} times"
+        assert checkout not in text, f"{name}: an absolute path of the checkout in its outputs"
+        for noise in ("USDT:", "gpuGetDeviceCount", "Completed Stage"):
+            assert noise not in text, f"{name}: the profiler's {noise!r} lines"

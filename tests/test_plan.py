@@ -128,8 +128,14 @@ def test_rechoose_applies_other_weights_to_the_same_measurements_and_a_plan_surv
     older = result.to_dict()
     del older["stage_s"]  # a plan stored before stage timings were kept
     assert Plan.from_dict(older).stage_s == {}
-    figure = result.pareto_figure()
-    assert figure.axes[0].get_xlabel().startswith("peak memory")
+    figure = result.pareto_figure(data="stand-in: test (NOT CIFAR-10)")
+    ax = figure.axes[0]
+    assert ax.get_xlabel().startswith("peak memory") and "NOT CIFAR-10" in ax.get_title()
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    measured = [r for r in result.rows if r.get("speedup") and r["peak_memory_bytes"] is not None]
+    # the legend names the markers drawn, and only those
+    assert ("with checkpointing" in legend) == any(r["checkpointing"] is not None for r in measured)
+    assert any(t.startswith("not eligible") for t in legend) == any(not r["feasible"] for r in measured)
 
 
 def test_pareto_front_keeps_what_nothing_beats_on_both_time_and_memory():

@@ -291,10 +291,22 @@ def test_write_table_writes_csv_numbers_and_markdown_with_caption(tmp_path):
 def test_caption_names_the_stand_in_and_the_precision_that_ran():
     records = paired_records()
     records[-1]["notes"] = ["precision fp16 -> bf16 on CPU"]
-    text = reports.caption("Table I", records)
-    assert "NOT CIFAR-10" in text
-    assert "bf16 (optimized)" in text and "fp32 (baseline)" in text
-    assert "fp16 -> bf16 on CPU" in text and "Test CPU" in text
+    text, notes = reports.caption("Table I", records), "\n".join(reports.footnotes(records))
+    assert "NOT CIFAR-10" in text and "Test CPU" in text and len(text.split()) <= 40
+    assert "bf16 (optimized)" in notes and "fp32 (baseline)" in notes
+    assert "Precision fp16 -> bf16 on CPU." in notes
+
+
+def test_notes_are_listed_once_and_runs_with_the_same_reason_are_merged(tmp_path):
+    records = paired_records()
+    why = "activation checkpointing recomputes the same values, so both train bit-identically"
+    records[0]["notes"] = [f"quality curve from the run of 'A': {why}; no whole-run clock"]
+    records[1]["notes"] = [f"quality curve from the run of 'B': {why}; no whole-run clock"]
+    notes = reports.footnotes(records)
+    assert notes[2:] == [f"Quality curve from the runs of 'A', 'B': {why}.", "No whole-run clock."]
+    paths = reports.write_table(pd.DataFrame({"a": [1]}), tmp_path, "t", "c", notes=notes)
+    markdown = paths["markdown"].read_text()
+    assert markdown.count("No whole-run clock") == 1 and "\n3. Quality curve from the runs of 'A', 'B'" in markdown
 
 
 def test_write_table_rejects_a_path_as_name(tmp_path):
@@ -313,6 +325,7 @@ def test_reports_index_lists_each_profile_with_tables_figures_and_manifest(tmp_p
     index = reports.write_reports_index(tmp_path).read_text()
     assert index.index("## Profile `smoke`") < index.index("## Profile `quick`")
     assert "a caption" in index and "smoke/figures/curves.png" in index
+    assert "** — Quality vs training time (evaluation excluded): each configuration's mean over seeds" in index
     assert STANDIN in index and "deadbeef" in index and "Test CPU" in index
 
 
@@ -406,3 +419,54 @@ def test_analysis_tables_read_with_units_full_headers_and_no_index():
     assert shown.iloc[1]["baseline (s)"] == "—" and shown.iloc[1]["samples from"] == "5,571"
     markdown = reports.markdown_table(shown)
     assert markdown.splitlines()[0].startswith("| phase | samples from |")  # no index column
+
+
+def test_curves_draw_each_configurations_seed_mean_with_a_band_and_its_seeds_thin():
+    records = []
+    for seed, shift in ((0, 0.0), (1, 0.02), (2, 0.04)):
+        record = make_record(seed=seed)
+        record["history"] = [dict(h, quality=h["quality"] + shift) for h in record["history"]]
+        records.append(record)
+    fig = reports_figures.quality_curves(records, "cifar10")
+    (ax,) = fig.axes
+    mean = next(line for line in ax.get_lines() if line.get_label() == "baseline")
+    expected = [100 * (h["quality"] + 0.02) for h in records[0]["history"]]
+    assert list(mean.get_ydata()) == pytest.approx(expected)
+    thin = [line for line in ax.get_lines() if line.get_label().startswith("_") and line.get_linewidth() < 1]
+    assert len(thin) == 3 and len(ax.collections) == 1  # three seeds beneath, one band
+    assert "mean of 3 seeds" in ax.get_legend().get_title().get_text()
+
+
+def test_scaling_figure_draws_each_measured_efficiency_with_its_interval():
+    rows = [dict(world_size=1, config="baseline", throughput=100.0, efficiency=1.0, modelled=False),
+            dict(world_size=2, config="baseline", throughput=160.0, efficiency=0.8, modelled=False,
+                 efficiency_ci=(0.6, 1.0))]
+    fig = reports_figures.scaling_plot(reports.scaling_table(rows))
+    bars = [c for c in fig.axes[1].containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 1
+    (segment,) = bars[0].lines[2][0].get_segments()
+    assert [tuple(point) for point in segment] == [(2.0, pytest.approx(0.6)), (2.0, pytest.approx(1.0))]
+
+
+def test_a_smoke_table_says_plumbing_check_where_a_verdict_would_stand(tmp_path, capsys):
+    from trainopt_core.reporting.notebook import publish_table, report_paths
+    from trainopt_core.reporting.summary import PLUMBING
+
+    records = [make_record(profile="smoke"), make_record(config="optimized", profile="smoke")]
+    shown = pd.DataFrame({"Metric": ["Throughput", "Memory"], "Claim held?": ["not held", "no claim"]})
+    publish_table(shown, report_paths(tmp_path, "smoke"), "table1", "Table I", records, display=shown)
+    markdown = (tmp_path / "smoke" / "tables" / "table1.md").read_text()
+    assert PLUMBING in markdown and "not held" not in markdown and "no claim" in markdown
+    assert "| Metric | Claim held? |" in markdown  # an all-empty column would be dropped; this one is not
+    quick = [dict(r, profile="quick") for r in records]
+    publish_table(shown, report_paths(tmp_path, "quick"), "table1", "Table I", quick, display=shown)
+    assert "not held" in (tmp_path / "quick" / "tables" / "table1.md").read_text()
+
+
+def test_a_published_table_drops_the_columns_with_nothing_in_them(tmp_path):
+    from trainopt_core.reporting.notebook import publish_table, report_paths
+
+    shown = pd.DataFrame({"Metric": ["Throughput", "Memory"], "Paper baseline": ["—", "—"], "Measured": ["1", "2"]})
+    publish_table(shown, report_paths(tmp_path, "quick"), "t", "T", [make_record()], display=shown)
+    markdown = (tmp_path / "quick" / "tables" / "t.md").read_text()
+    assert "| Metric | Measured |" in markdown and "Paper baseline" not in markdown

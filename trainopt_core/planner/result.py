@@ -2,6 +2,8 @@
 same measurements chosen again under another budget or weights, without running anything."""
 from __future__ import annotations
 
+import textwrap
+
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -111,11 +113,14 @@ class Plan:
                       if self.stage_s else "") + ".")
         return "\n".join(lines)
 
-    def pareto_figure(self, ax=None):
+    def pareto_figure(self, ax=None, *, data: str | None = None):
         """Seconds per sample (relative to the fp32 baseline, 1/speedup) against peak memory for
-        every measured candidate: the Pareto front joined, the chosen one ringed, infeasible ones
-        grey, the budget as a line. Returns the matplotlib Figure."""
+        every measured candidate: the Pareto front joined, the chosen one ringed, those over the
+        memory budget or otherwise not eligible grey, checkpointed ones square (the legend names only what is drawn), the
+        budget as a line. `data` (e.g. the runs' data source) goes into the title. Returns the
+        matplotlib Figure."""
         import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
 
         if ax is None:
             _, ax = plt.subplots(figsize=(7, 4.5))
@@ -135,10 +140,19 @@ class Plan:
                     xytext=(5, 5), fontsize=8)
         if self.memory_budget_bytes is not None:
             ax.axvline(self.memory_budget_bytes / 2**20, color="tab:red", ls="--", lw=1, label="memory budget")
+        handles, _ = ax.get_legend_handles_labels()
+        marker = dict(ls="none", markersize=6)
+        handles.append(Line2D([], [], marker="o", color="tab:blue", label="candidate within the budget", **marker))
+        if any(not r["feasible"] for r in measured):
+            handles.append(Line2D([], [], marker="o", color="0.7", **marker,
+                                  label="not eligible (memory, quality or k: see the table)"))
+        if any(r["checkpointing"] is not None for r in measured):
+            handles.append(Line2D([], [], marker="s", color="tab:blue", label="with checkpointing", **marker))
         ax.set_xlabel("peak memory of a training step (MiB)")
         ax.set_ylabel("seconds per sample / fp32 baseline's")
-        ax.set_title("Candidates measured by plan() (squares: checkpointing; grey: rejected)", fontsize=10)
-        ax.legend(fontsize=8)
+        title = "Candidates measured by plan()" + (f" — data: {data}" if data else "")
+        ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=9)
+        ax.legend(handles=handles, fontsize=8)
         return ax.figure
 
     def goodput_figure(self, ax=None):

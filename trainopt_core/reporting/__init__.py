@@ -18,12 +18,12 @@ seaborn, matplotlib, ipywidgets).
 try:
     from . import analysis, explorer, figures, notebook, plans
     from .index import (
-        caption, describe_hardware, format_bytes_frame, format_number, markdown_table, run_context, write_reports_index,
-        write_table,
+        caption, describe_hardware, footnotes, footnotes_markdown, format_bytes_frame, format_number, markdown_table,
+        run_context, write_reports_index, write_table,
     )
     from .results import (
         METRIC_KEYS, aggregate, load_records, measured_change, paper_claims, profile_dir, records_frame,
-        resolve_reports_dir, runs_dir, with_throughput,
+        resolve_reports_dir, runs_dir, stored_throughput, with_throughput,
     )
     from .tables import (
         ablation_table, format_ablation_table, format_change, format_main_table, format_scaling_table, format_value,
@@ -40,9 +40,10 @@ except ModuleNotFoundError as missing:  # the library alone was installed
 
 __all__ = [
     "METRIC_KEYS", "ablation_table", "aggregate", "analysis", "caption", "claim_verdict", "describe_hardware",
-    "efficiency_verdict", "explorer", "figures", "format_ablation_table", "format_bytes_frame", "format_change",
+    "efficiency_verdict", "explorer", "figures", "footnotes", "footnotes_markdown", "format_ablation_table",
+    "format_bytes_frame", "format_change",
     "format_main_table", "format_number", "format_scaling_table", "format_value", "load_records",
     "main_results_table", "markdown_table", "measured_change", "notebook", "paper_claims", "plans", "profile_dir",
     "records_frame", "relative_change", "resolve_reports_dir", "run_context", "runs_dir", "scaling_table",
-    "verdict_category", "with_throughput", "write_reports_index", "write_table",
+    "stored_throughput", "verdict_category", "with_throughput", "write_reports_index", "write_table",
 ]

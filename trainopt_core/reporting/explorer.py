@@ -123,6 +123,22 @@ def find_measured(records: list[dict], task: str, config: OptimizationConfig) ->
             and asked_for_reduced_precision(r) == (config.precision != "fp32")]
 
 
+def nearest_measured(records: list[dict], task: str, config: OptimizationConfig) -> tuple[str, list[str]] | None:
+    """The measured configuration of `task` nearest to `config` -- the fewest settings that
+    differ -- and those settings ("k: 4 measured, 6 selected"); None when `task` has no runs."""
+    from ..reproduction.runner import asked_for_reduced_precision
+
+    wanted, best = config.to_dict(), None
+    for record in {r["config_name"]: r for r in records if r["task"] == task}.values():
+        differ = [f"{field}: {record['config'].get(field)!r} measured, {wanted[field]!r} selected"
+                  for field in _MATCH_FIELDS if record["config"].get(field) != wanted[field]]
+        if asked_for_reduced_precision(record) != (config.precision != "fp32"):
+            differ.append(f"precision: {record['config'].get('precision')!r} measured, {config.precision!r} selected")
+        if best is None or len(differ) < len(best[1]):
+            best = (record["config_name"], differ)
+    return best
+
+
 def explore(records: list[dict], task: str, config: OptimizationConfig, *, calibration: dict | None = None) -> pd.DataFrame:
     """One table for the explorer: predicted memory by category (eqs. 8/17/19, calibrated on the
     task's measured baseline run or `calibration`) beside the measured means over seeds of the
@@ -281,14 +297,56 @@ def runs_summary(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
-    """An ipywidgets panel: task, components, k, adaptive, precision and segments -> the
-    `explore` table and, for matching runs, quality vs training time. Renders headless too."""
-    import ipywidgets as widgets
+def default_config(records: list[dict], task: str) -> OptimizationConfig:
+    """The panel's selection when it opens: every component, the optimized preset's k and
+    adaptive k, the reduced precision the optimized runs used, ⌈√L⌉ segments."""
+    optimized = OptimizationConfig.optimized()
+    return config_from_components(EXPLORER_COMPONENTS, k=optimized.k, adaptive=optimized.adaptive,
+                                  precision=precision_that_ran(records, task), segments="sqrt")
+
+
+def show_view(records: list[dict], task: str, config: OptimizationConfig) -> None:
+    """What the panel shows for a selection: the `explore` table, the matching runs (or the
+    nearest measured configuration and the settings that differ) and their quality curves."""
     from IPython.display import display
 
     from .figures import figure_image, quality_curves
     from .notebook import show_markdown
+
+    try:
+        table = explore(records, task, config)
+    except ValueError as error:
+        print(f"not a valid choice: {error}")
+        return
+    show_markdown(f"Data: {table.attrs['data_source'] or 'no runs'}\n\n{markdown_table(format_explore(table))}")
+    if table.attrs["note"]:
+        print(table.attrs["note"])
+    if table.attrs["matched_runs"]:
+        print("measured runs:", ", ".join(table.attrs["matched_runs"]))
+    else:
+        nearest = nearest_measured(records, task, config)
+        print("measured runs: none with these settings" + (
+            f"; the nearest measured is {nearest[0]!r}, which differs in {'; '.join(nearest[1])}" if nearest
+            else " (run trainopt_core.reproduction.run with a matching configuration)"))
+    matched = find_measured(records, task, config)
+    if matched:
+        display(figure_image(quality_curves(matched, task)))
+
+
+def show_default_view(records: list[dict], tasks=("cifar10", "wikitext2")) -> None:
+    """The panel's default view of each task, rendered as plain outputs: what a reader of the
+    executed notebook sees without a kernel (a widget panel needs one)."""
+    from .notebook import show_markdown
+
+    for task in tasks:
+        show_markdown(f"### {task}: the default selection")
+        show_view(records, task, default_config(records, task))
+
+
+def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
+    """An ipywidgets panel: task, components, k, adaptive, precision and segments -> the
+    `explore` table and, for matching runs, quality vs training time. Renders headless too."""
+    import ipywidgets as widgets
 
     tasks = list(tasks)
     optimized = OptimizationConfig.optimized()
@@ -319,18 +377,10 @@ def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
         try:
             config = config_from_components(components, k=k, adaptive=adaptive, precision=precision,
                                             segments="sqrt" if sqrt_segments else segments)
-            table = explore(records, task, config)
         except ValueError as error:
             print(f"not a valid choice: {error}")
             return
-        show_markdown(f"Data: {table.attrs['data_source'] or 'no runs'}\n\n{markdown_table(format_explore(table))}")
-        if table.attrs["note"]:
-            print(table.attrs["note"])
-        print("measured runs:", ", ".join(table.attrs["matched_runs"]) or
-              "none with these settings (run trainopt_core.reproduction.run with a matching configuration)")
-        matched = find_measured(records, task, config)
-        if matched:
-            display(figure_image(quality_curves(matched, task)))
+        show_view(records, task, config)
 
     output = widgets.interactive_output(show, dict(task=task, components=components, k=k, adaptive=adaptive,
                                                    precision=precision, segments=segments, sqrt_segments=sqrt_segments))

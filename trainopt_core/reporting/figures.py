@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from ..measure.stats import summarize
 from .results import aggregate, timed_speed
 from .._errors import fail as _fail
 
@@ -30,11 +32,16 @@ def _select(records: list[dict], task: str, configs=None) -> list[dict]:
     return chosen
 
 
-def figure_title(what: str, records: list[dict], width: int = 80) -> str:
-    """``what`` followed by the data source(s) and profile of `records`, wrapped at `width`."""
+def data_label(records: list[dict]) -> str:
+    """The data source(s) and profile of `records` ("stand-in: ... (NOT CIFAR-10) (profile quick)")."""
     sources = "; ".join(sorted({r.get("data_source", "?") for r in records})) or "no runs"
     profiles = ", ".join(sorted({str(r.get("profile")) for r in records}))
-    return "\n".join(textwrap.wrap(f"{what} — data: {sources} (profile {profiles})", width))
+    return f"{sources} (profile {profiles})"
+
+
+def figure_title(what: str, records: list[dict], width: int = 80) -> str:
+    """``what`` followed by the data source(s) and profile of `records`, wrapped at `width`."""
+    return "\n".join(textwrap.wrap(f"{what} — data: {data_label(records)}", width))
 
 
 def _new_figure(ncols: int = 1, width: float = 7.5, height: float = 4.5):
@@ -60,7 +67,7 @@ def figure_image(fig: Figure, *, saved: Path | None = None):
 
     if saved is None:
         buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=120)
+        fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
         data = buffer.getvalue()
     else:
         data = Path(saved).read_bytes()
@@ -76,19 +83,20 @@ def _empty(fig: Figure, ax, message: str) -> Figure:
 
 # ------------------------------------------------------------------ quality vs time
 def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
-    """Evaluation quality vs training time (evaluation excluded), one line per configuration
-    and seed, with the profile's target as a dashed line (accuracy in %, perplexity on a log
-    axis)."""
+    """Evaluation quality vs training time (evaluation excluded): per configuration the mean over
+    its seeds (thick, with markers) and the 95 % band across them, each seed thin beneath; the
+    profile's target as a dashed black line (accuracy in %, perplexity on a log axis). A run whose
+    curve is its un-checkpointed twin's has no clock of its own: it is placed at samples ÷ its
+    interleaved-timed samples/s, dashed. The notes are written below the axes, off the data."""
     chosen = _select(records, task, configs)
     fig, (ax,) = _new_figure()
     if not chosen:
         return _empty(fig, ax, f"no complete runs for task {task!r}")
     colors = _palette(r["config_name"] for r in chosen)
     accuracy = chosen[0]["metrics"].get("quality_name") == "accuracy"
-    seen, unclocked, placed = set(), {}, set()
+    curves, unclocked, placed = {}, {}, set()
     for r in chosen:
         times = [h["time_s"] for h in r["history"]]
-        style = dict(ls="-")
         if None in times:  # its curve is another run's (runner: checkpointing twins), without that run's clock
             speed = timed_speed(r)
             if not speed > 0:
@@ -96,27 +104,42 @@ def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
                 continue
             times = [h["samples"] / speed for h in r["history"]]  # placed by its own interleaved-timed speed
             placed.add(r["config_name"])
-            style = dict(ls="--")
         values = [h["quality"] * (100 if accuracy else 1) for h in r["history"]]
-        label = r["config_name"] if r["config_name"] not in seen else None
-        seen.add(r["config_name"])
-        ax.plot(times, values, marker="o", ms=3, color=colors[r["config_name"]], label=label, alpha=0.9, **style)
+        curves.setdefault(r["config_name"], []).append((times, values))
+    most_seeds = max((len(runs) for runs in curves.values()), default=1)
+    for name, runs in curves.items():
+        style = dict(color=colors[name], ls="--" if name in placed else "-")
+        if len(runs) > 1:
+            for times, values in runs:
+                ax.plot(times, values, lw=0.6, alpha=0.35, **style)
+        points = min(len(values) for _, values in runs)  # evaluations at the same samples in every seed
+        mean_times = [statistics.fmean(times[i] for times, _ in runs) for i in range(points)]
+        spread = [summarize([values[i] for _, values in runs]) for i in range(points)]
+        ax.plot(mean_times, [s["mean"] for s in spread], marker="o", ms=3, lw=1.8, label=name, **style)
+        if len(runs) > 1:
+            ax.fill_between(mean_times, [s["ci_low"] for s in spread], [s["ci_high"] for s in spread],
+                            color=style["color"], alpha=0.15, lw=0)
     target = chosen[0]["metrics"].get("target")
     if target is not None:
         ax.axhline(target * (100 if accuracy else 1), color="black", ls="--", lw=1,
                    label=f"target {target * 100:.0f}%" if accuracy else f"target PPL {target:g}")
     if not accuracy:
         ax.set_yscale("log")
+    notes = []
     if placed:
-        ax.text(0.01, 0.06, "dashed: " + ", ".join(sorted(placed)) + ": curve of a run without checkpointing (the same "
-                "values); time = samples ÷ its interleaved-timed samples/s", transform=ax.transAxes, fontsize=7,
-                va="bottom")
+        notes.append("dashed: " + ", ".join(sorted(placed)) + ": curve of a run without checkpointing (the same "
+                     "values); time = samples ÷ its interleaved-timed samples/s")
     if unclocked:
-        ax.text(0.01, 0.01, "no clock of their own (same curve as the run named): " + ", ".join(
-            f"{name} = {source}" for name, source in unclocked.items()), transform=ax.transAxes, fontsize=7, va="bottom")
+        notes.append("no clock of their own (same curve as the run named): " + ", ".join(
+            f"{name} = {source}" for name, source in unclocked.items()))
+    if notes:
+        ax.annotate("\n".join(textwrap.fill(note, 120) for note in notes), xy=(0, 0), xycoords="axes fraction",
+                    xytext=(0, -30), textcoords="offset points", va="top", fontsize=7, annotation_clip=False)
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel("test accuracy (%)" if accuracy else "validation perplexity (log scale)")
-    ax.legend(fontsize=8)
+    # beside the axes, not over the curves
+    ax.legend(fontsize=8, title=(f"mean of {most_seeds} seeds,\n95 % band; seeds thin" if most_seeds > 1 else None),
+              title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(figure_title("Quality vs training time", chosen), fontsize=9)
     return fig
 
@@ -168,8 +191,9 @@ def memory_breakdown_bars(records: list[dict], task: str, *, configs=None) -> Fi
 
 # ------------------------------------------------------------------ scaling
 def scaling_plot(table: pd.DataFrame) -> Figure:
-    """Throughput and scaling efficiency T_n/(n·T_1) vs world size; measured points solid,
-    modelled points hollow with dashed lines; the paper's GPU values as grey crosses."""
+    """Throughput and scaling efficiency T_n/(n·T_1) vs world size; measured points solid, each
+    measured efficiency with its 95 % interval as an error bar; modelled points hollow with
+    dashed lines; the paper's GPU values as crosses."""
     fig, axes = _new_figure(ncols=2, width=6.0)
     if table is None or len(table) == 0:
         return _empty(fig, axes[0], "no scaling rows")
@@ -183,6 +207,13 @@ def scaling_plot(table: pd.DataFrame) -> Figure:
         for ax, column in zip(axes, ("throughput", "efficiency")):
             if len(measured):
                 ax.plot(measured["world_size"], measured[column], "o-", color=colors[config], label=f"{config} (measured)")
+            if column == "efficiency" and "efficiency_ci_low" in measured:
+                with_ci = measured[measured["efficiency_ci_low"].notna() & measured["efficiency_ci_high"].notna()]
+                if len(with_ci):  # the 95 % interval of each measured efficiency
+                    ax.errorbar(with_ci["world_size"], with_ci["efficiency"],
+                                yerr=[with_ci["efficiency"] - with_ci["efficiency_ci_low"],
+                                      with_ci["efficiency_ci_high"] - with_ci["efficiency"]],
+                                fmt="none", ecolor=colors[config], capsize=4, lw=1)
             if len(modelled):
                 ax.plot(modelled["world_size"], modelled[column], "o--", mfc="none", color=colors[config],
                         label=f"{config} (modelled)")
@@ -287,5 +318,5 @@ def save_figure(fig: Figure, out_dir: str | os.PathLike, name: str, *, dpi: int 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")  # notes written below the axes included
     return path

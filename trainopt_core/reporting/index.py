@@ -10,6 +10,7 @@ import json
 
 import math
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -48,13 +49,69 @@ def run_context(records: list[dict]) -> dict:
 
 
 def caption(title: str, records: list[dict]) -> str:
-    """A table/figure caption naming the data that really ran (a stand-in says so)."""
+    """A table/figure caption, short: what, the data that really ran (a stand-in says so),
+    profile, seeds and hardware. The rest is in `footnotes`."""
     ctx = run_context(records)
-    text = (f"{title}. Data: {ctx['data_source']}. Model: {ctx['model']}. Profile: {ctx['profile']}, "
-            f"{ctx['seeds']} seed(s). Precision run: {ctx['precision']}. Hardware: {ctx['hardware']}.")
-    if ctx["notes"]:
-        text += " Notes: " + "; ".join(ctx["notes"]) + "."
-    return text
+    return (f"{title}. Data: {ctx['data_source']}. Profile: {ctx['profile']}, {ctx['seeds']} seed(s). "
+            f"Hardware: {ctx['hardware']}.")
+
+
+_FROM_RUN = re.compile(r"^(?P<head>.+) the run of '(?P<name>[^']+)': (?P<why>.+)$")
+
+
+def footnotes(records: list[dict]) -> list[str]:
+    """The notes of a table, each once: the model, the precision each configuration ran in, then
+    the runs' notes split into their clauses, with "from the run of 'X': why" clauses of the same
+    why merged into one ("from the runs of 'X', 'Y': why")."""
+    ctx = run_context(records)
+    clauses = list(dict.fromkeys(part.strip() for note in ctx["notes"] for part in note.split("; ") if part.strip()))
+    merged: dict[tuple[str, str], list[str]] = {}
+    order: list = []
+    for clause in clauses:
+        match = _FROM_RUN.match(clause)
+        if match is None:
+            order.append(clause)
+            continue
+        key = (match["head"], match["why"])
+        if key not in merged:
+            merged[key] = []
+            order.append(key)
+        merged[key].append(match["name"])
+    notes = [f"Model: {ctx['model']}.", f"Precision that ran: {ctx['precision']}."]
+    for item in order:
+        if isinstance(item, str):
+            notes.append(item[0].upper() + item[1:] + ("" if item.endswith(".") else "."))
+            continue
+        (head, why), names = item, merged[item]
+        runs = "the run of" if len(names) == 1 else "the runs of"
+        text = f"{head} {runs} {', '.join(repr(n) for n in names)}: {why}"
+        notes.append(text[0].upper() + text[1:] + ("" if text.endswith(".") else "."))
+    return notes
+
+
+def footnotes_markdown(notes: list[str]) -> str:
+    """`notes` as a numbered list (empty string when there are none)."""
+    return "\n".join(f"{i}. {note}" for i, note in enumerate(notes, 1))
+
+
+# what each figure of the reproduction shows, by the start of its file stem (the data it ran on is
+# in its title)
+FIGURE_CAPTIONS = {
+    "curves": "Quality vs training time (evaluation excluded): each configuration's mean over seeds with its 95 % "
+              "band, the seeds thin beneath, the target dashed.",
+    "memory_ladder": "Peak memory by category as the components are added one by one (Table III's ladder).",
+    "noise_trajectory": "Adaptive accumulation over training: the k chosen and the gradient-noise scale it follows.",
+    "op_categories": "Where a training step's time goes: self time by operation category (torch.profiler).",
+    "plan_pareto": "The candidates auto's plan measured: time per sample against peak memory, the Pareto front "
+                   "joined, the choice ringed.",
+    "scaling": "Data-parallel scaling (Table IV): throughput and efficiency against world size, measured points "
+               "with their 95 % intervals.",
+}
+
+
+def figure_caption(stem: str) -> str:
+    """The caption of a figure file: what it shows (its title names the data it ran on)."""
+    return next((text for prefix, text in FIGURE_CAPTIONS.items() if stem.startswith(prefix)), "See its title.")
 
 
 # ------------------------------------------------------------------ tables on disk
@@ -147,9 +204,10 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 
 def write_table(table: pd.DataFrame, out_dir: str | os.PathLike, name: str, caption_text: str,
-                display: pd.DataFrame | None = None) -> dict[str, Path]:
+                display: pd.DataFrame | None = None, notes: list[str] | tuple = ()) -> dict[str, Path]:
     """Write ``<name>.csv`` (the numbers of `table`) and ``<name>.md`` (the caption, then
-    `display` -- default `table` -- as Markdown) under `out_dir`; returns both paths."""
+    `display` -- default `table` -- as Markdown, then `notes` numbered) under `out_dir`; returns
+    both paths."""
     if not isinstance(name, str) or not name or any(ch in name for ch in "/\\ "):
         _fail("name", name, "a non-empty file stem without slashes or spaces")
     out = Path(out_dir)
@@ -157,7 +215,10 @@ def write_table(table: pd.DataFrame, out_dir: str | os.PathLike, name: str, capt
     csv_path, md_path = out / f"{name}.csv", out / f"{name}.md"
     table.to_csv(csv_path, index=False)
     shown = display if display is not None else table
-    md_path.write_text(f"**{name}** — {caption_text}\n\n{markdown_table(shown)}")
+    text = f"**{name}** — {caption_text}\n\n{markdown_table(shown)}"
+    if notes:
+        text = text.rstrip("\n") + "\n\n" + footnotes_markdown(list(notes)) + "\n"
+    md_path.write_text(text)
     return {"csv": csv_path, "markdown": md_path}
 
 
@@ -208,7 +269,8 @@ def write_reports_index(reports_root: str | os.PathLike) -> Path:
         figures = sorted((folder / "figures").glob("*.png")) if (folder / "figures").is_dir() else []
         lines += ["### Figures", ""]
         for figure in figures:
-            lines += [f"![{figure.stem}]({rel}/figures/{figure.name})", "", f"[{figure.stem}]({rel}/figures/{figure.name})", ""]
+            lines += [f"![{figure.stem}]({rel}/figures/{figure.name})", "",
+                      f"**[{figure.stem}]({rel}/figures/{figure.name})** — {figure_caption(figure.stem)}", ""]
         if not figures:
             lines += ["_No figures yet._"]
         notebooks = sorted((folder / "notebooks").glob("*.ipynb")) if (folder / "notebooks").is_dir() else []

@@ -7,6 +7,7 @@ deterministic tables (configurations, the paper's claims) that nbval checks.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from ..reproduction.profiles import PROFILES, TASKS
 from ..reproduction.runner import run
 from ..reproduction.throughput import measure_throughput
 from .figures import figure_image, save_figure
-from .index import caption, markdown_table, readable_frame, write_table
+from .index import caption, footnotes, footnotes_markdown, markdown_table, readable_frame, write_table
 from .results import paper_claims, resolve_reports_dir, with_throughput
+from .summary import PLUMBING
 from .._errors import fail as _fail
 
 # The paper's model of each task, used in table/figure names (never the data set's name: a
@@ -277,11 +279,19 @@ def table_name(kind: str, task: str | None = None) -> str:
 
 def publish_table(table: pd.DataFrame, paths: ReportPaths, name: str, title: str, records: list[dict],
                   display: pd.DataFrame | None = None) -> None:
-    """Caption `table` with the runs' context, write it (CSV + Markdown) and show it."""
-    text = caption(title, records)
+    """Caption `table` with the runs' context (its notes numbered below it), write it (CSV +
+    Markdown) and show it."""
+    text, notes = caption(title, records), footnotes(records)
     shown = display if display is not None else readable_frame(table)
-    write_table(table, paths.tables, name, text, display=shown)
-    show_markdown(f"**{title}**\n\n{markdown_table(shown)}\n_{text}_")
+    empty = [c for c in shown.columns
+             if all(v is None or v in ("—", "") or (isinstance(v, float) and math.isnan(v)) for v in shown[c])]
+    shown = shown.drop(columns=empty) if len(empty) < len(shown.columns) else shown  # columns with nothing in them
+    if records and all(r.get("profile") == "smoke" for r in records) and "Claim held?" in shown:
+        # smoke runs one seed for seconds: its tables show the plumbing, not whether claims held
+        shown = shown.assign(**{"Claim held?": [PLUMBING if v not in ("—", "no claim") else v
+                                                for v in shown["Claim held?"]]})
+    write_table(table, paths.tables, name, text, display=shown, notes=notes)
+    show_markdown(f"**{title}**\n\n{markdown_table(shown)}\n_{text}_\n\n{footnotes_markdown(notes)}")
 
 
 def publish_figure(fig, paths: ReportPaths, name: str):

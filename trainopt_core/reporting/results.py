@@ -81,6 +81,20 @@ def paper_claims() -> dict:
     return json.loads(resources.files(__package__).joinpath("paper_claims.json").read_text())
 
 
+def stored_throughput(timing_dir: str | os.PathLike, tasks) -> list[dict]:
+    """The interleaved timing records `reproduction.measure_throughput` stored in `timing_dir`
+    (``throughput__<task>.json``, complete ones) for `tasks`: what the tables timed, read
+    without timing anything."""
+    found = []
+    for task in tasks:
+        path = Path(timing_dir) / f"throughput__{task}.json"
+        if path.is_file():
+            record = json.loads(path.read_text())
+            if record.get("status", "complete") == "complete":
+                found.append(record)
+    return found
+
+
 def with_throughput(records: list[dict], throughput_records) -> list[dict]:
     """Copies of `records` carrying the interleaved timing windows of their configuration
     (`reproduction.measure_throughput` records, one per task) under ``"timing"``; the tables

@@ -192,17 +192,25 @@ def architecture_patterns(records: list[dict]) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------ memory
+MIN_REFERENCE_SHARE = 0.01  # a category under 1 % of the reference's peak is not compared against
+
+
 def memory_by_category(records: list[dict], task: str, *, configs=None, reference: str = "baseline") -> pd.DataFrame:
     """Mean bytes per memory category and configuration (rows: categories), with each
-    configuration's change vs `reference` per category."""
+    configuration's change vs `reference` per category -- only where the reference holds that
+    category at its peak (at least `MIN_REFERENCE_SHARE` of its total there), else NaN: a peak
+    reached before any gradient exists holds ~0 bytes of them, and a change against that would
+    read as +14,000 %."""
     frame = memory_breakdown_frame(records, task, configs=configs)
     if frame.empty:
         return frame
     table = frame.T
     table.index.name = "category"
     if reference in table.columns:
+        floor = MIN_REFERENCE_SHARE * table[reference].sum()
         for config in [c for c in table.columns if c != reference]:
-            table[f"{config} vs {reference}"] = [relative_change(b, o) for b, o in zip(table[reference], table[config])]
+            table[f"{config} vs {reference}"] = [relative_change(b, o) if b >= floor else math.nan
+                                                 for b, o in zip(table[reference], table[config])]
     return table
 
 

@@ -99,6 +99,10 @@ def profile_training_steps(step: Callable[[], int], *, steps: int = 2, warmup_st
     for _ in range(warmup_steps):
         step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    # the profiler library's own start/stop lines and, without a GPU, its failed device query are
+    # printed to the process's stderr (into an executed notebook); read at its first use, a
+    # level set by the user wins
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     items = 0
     with profile(activities=activities) as prof:
         for _ in range(steps):

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import socket
 import warnings
 from pathlib import Path
 
 
-logger = logging.getLogger(__name__)
+CHECKOUT = Path(__file__).resolve().parents[3]  # trainopt_core/reproduction/data/ -> the checkout
 
 DATA_POLICIES = ("auto", "real", "standin")
 DATA_DIR_ENV = "TRAINOPT_DATA_DIR"
@@ -40,9 +39,8 @@ def default_data_dir() -> Path:
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         return Path(env).expanduser()
-    repo = Path(__file__).resolve().parents[3]  # trainopt_core/reproduction/data/ -> the checkout
-    if (repo / "pyproject.toml").is_file():
-        return repo / "data"
+    if (CHECKOUT / "pyproject.toml").is_file():
+        return CHECKOUT / "data"
     return Path.cwd() / "data"
 
 
@@ -81,10 +79,25 @@ def host_reachable(host: str, port: int = 443, timeout_s: float = DOWNLOAD_PROBE
         return False
 
 
+_ANNOUNCED: set[str] = set()  # the stand-in notices this process has shown
+
+
+def checkout_relative(text: str) -> str:
+    """`text` with the checkout's absolute path written as `.`: a notice in an executed notebook
+    does not carry the paths of the machine that made it."""
+    root = str(CHECKOUT)
+    if not (CHECKOUT / "pyproject.toml").is_file() or root not in text:
+        return text
+    return text.replace(root, ".") + " (paths relative to the trainopt checkout)"
+
+
 def warn_standin(message: str) -> None:
-    """Emit the loud stand-in notice as a `StandinDataWarning` and a logging warning."""
-    banner = f"STAND-IN DATA: {message}"
-    logger.warning(banner)
+    """The loud stand-in notice, as one `StandinDataWarning`, once per process for each message (a
+    notebook loads the same data set for dozens of runs; the first notice says it for all)."""
+    banner = checkout_relative(f"STAND-IN DATA: {message}")
+    if banner in _ANNOUNCED:
+        return
+    _ANNOUNCED.add(banner)
     warnings.warn(banner, StandinDataWarning, stacklevel=3)
 
 
