@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import ABLATION_LADDER, OptimizationConfig, leave_one_out
+from ..config import OptimizationConfig
 from ..reproduction import autoplan
-from ..reproduction.profiles import PROFILES, TASKS
+from ..reproduction.profiles import PROFILES, TASKS, table_configs
 from ..reproduction.runner import run
 from ..reproduction.throughput import measure_throughput
 from .figures import figure_image, save_figure
@@ -37,7 +37,7 @@ TASK_LABELS = {
 }
 # Every configuration Tables I-III compare: timed together, so a ratio means the same in each table.
 # `auto` is planned on the machine that runs it (reproduction.autoplan).
-TABLE_CONFIGS = (*[c.name for c in ABLATION_LADDER], "optimized", "auto", *[c.name for c in leave_one_out()])
+TABLE_CONFIGS = table_configs()
 
 # The settings configuration_table shows, in words.
 CONFIG_HEADERS = {"precision": "precision (requested)", "k": "k (micro-batches per step)", "adaptive": "adaptive k",

@@ -1,6 +1,8 @@
-"""Command line: one training run -> one JSON run record.
+"""Command line: one training run -> one JSON run record; or the reproduction's grid of runs as
+one command per run (for a job array of any scheduler).
 
     python -m trainopt_core.reproduction --task cifar10 --config optimized --profile quick --seed 0 --out reports/quick/runs
+    python -m trainopt_core.reproduction list --profile paper --seeds 3 [--out DIR] [--tasks ...] [--configs ...]
 
 Under `python -m trainopt_core.distributed --nproc N -- ...` every rank runs this; rank 0 writes the record.
 """
@@ -13,7 +15,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record as record_errors
 
 from ..config import OptimizationConfig
-from .profiles import PROFILES, TASKS
+from .profiles import PROFILES, TASKS, table_configs
 
 
 def _parse(argv):
@@ -52,9 +54,53 @@ def _parse(argv):
     return args
 
 
+def grid_commands(profile: str, seeds: int, *, out: str | None = None, tasks=TASKS, configs=None,
+                  data_policy: str = "auto") -> list[str]:
+    """One shell command per run of Tables I-III (task x configuration x seed), each writing its
+    record into `out` (default reports/<profile>/runs), where the notebooks find and reuse it.
+    A task's `auto` runs are listed first, seed 0 leading: the first plans the task on its machine
+    and keeps the plan beside the records, so the others (and the notebooks) reuse it."""
+    import shlex
+
+    configs = list(configs or table_configs())
+    order = sorted(configs, key=lambda c: c != "auto")  # auto first: its plan is made once
+    out = out or f"reports/{profile}/runs"
+    return [" ".join(["python -m trainopt_core.reproduction", "--task", task, "--config", shlex.quote(config),
+                      "--profile", profile, "--seed", str(seed), "--out", shlex.quote(out),
+                      "--data-policy", data_policy, "--no-progress"])
+            for task in tasks for config in order for seed in range(seeds)]
+
+
+def _list(argv) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainopt_core.reproduction list",
+                                     description="Print the grid of runs of Tables I-III, one command per line.")
+    parser.add_argument("--profile", default="quick", choices=PROFILES)
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+    parser.add_argument("--out", default=None, help="directory for run records (default reports/<profile>/runs)")
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--configs", nargs="+", default=None,
+                        help="configurations (default: the tables' 13: " + " ".join(table_configs()) + ")")
+    parser.add_argument("--data-policy", default="auto", choices=("auto", "real", "standin"))
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds} is invalid: allowed an integer >= 1")
+    for config in args.configs or ():
+        if config != "auto":
+            try:
+                OptimizationConfig.preset(config)
+            except ValueError as err:
+                parser.error(f"--configs: {err} (or 'auto')")
+    print("\n".join(grid_commands(args.profile, args.seeds, out=args.out, tasks=args.tasks, configs=args.configs,
+                                  data_policy=args.data_policy)))
+    return 0
+
+
 @record_errors
 def main(argv=None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["list"]:
+        return _list(argv[1:])
+    args = _parse(argv)
     from ..distributed import cleanup, init_distributed
     from .runner import run
 

@@ -20,6 +20,14 @@ PROFILES = ("smoke", "quick", "paper", "gpu")
 TASKS = ("cifar10", "wikitext2")
 
 
+def table_configs() -> tuple[str, ...]:
+    """The configurations Tables I-III train, in order: the ablation ladder (baseline first),
+    optimized, auto, then the leave-one-out steps."""
+    from ..config import ABLATION_LADDER, leave_one_out
+
+    return (*[c.name for c in ABLATION_LADDER], "optimized", "auto", *[c.name for c in leave_one_out()])
+
+
 @dataclass(frozen=True, kw_only=True)
 class TaskProfile:
     task: str
