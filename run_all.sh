@@ -19,6 +19,7 @@ usage() {
     cat <<USAGE
 Usage: ./run_all.sh [--profile smoke|quick|paper|gpu] [--seeds N] [--sections LIST]
                     [--tasks LIST] [--data-policy auto|real|standin] [--reports-dir DIR]
+                    [--executor local|ray] [--ray-address ADDR]
 
 Runs the section notebooks with papermill into reports/<profile>/ and writes reports/README.md.
 Run records and timings made on another kind of machine (or under other conditions) are
@@ -33,6 +34,10 @@ measured again; those made here are reused, so an interrupted reproduction resum
   --data-policy  auto (default: real data when present, else a labeled stand-in), real, standin
   --reports-dir  where to write (default: reports/ of this checkout); e.g. a second folder to
                  compare two reproductions with python -m trainopt_core.reporting.agreement
+  --executor     local (default: the runs one after another in each notebook's process) or ray
+                 (each run a Ray task: pip install 'trainopt[cluster]'; docs/cluster.md)
+  --ray-address  with --executor ray: a running cluster's address (auto, HOST:PORT); default:
+                 a local cluster of this machine, started by each notebook
   -h, --help     this text
 USAGE
 }
@@ -49,13 +54,15 @@ sections=$SECTIONS_ALL
 tasks=cifar10,wikitext2
 data_policy=auto
 reports_root=
+executor=local
+ray_address=
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
-        --profile|--seeds|--sections|--tasks|--data-policy|--reports-dir)
+        --profile|--seeds|--sections|--tasks|--data-policy|--reports-dir|--executor|--ray-address)
             [ $# -ge 2 ] || fail_usage "$1 needs a value"
             option=$1; value=$2; shift 2 ;;
-        --profile=*|--seeds=*|--sections=*|--tasks=*|--data-policy=*|--reports-dir=*)
+        --profile=*|--seeds=*|--sections=*|--tasks=*|--data-policy=*|--reports-dir=*|--executor=*|--ray-address=*)
             option=${1%%=*}; value=${1#*=}; shift ;;
         *) fail_usage "unknown argument '$1'" ;;
     esac
@@ -66,12 +73,16 @@ while [ $# -gt 0 ]; do
         --tasks) tasks=$value ;;
         --data-policy) data_policy=$value ;;
         --reports-dir) reports_root=$value ;;
+        --executor) executor=$value ;;
+        --ray-address) ray_address=$value ;;
     esac
 done
 
 case "$profile" in smoke|quick|paper|gpu) ;; *) fail_usage "--profile '$profile' is invalid: allowed smoke, quick, paper, gpu" ;; esac
 [[ "$seeds" =~ ^[1-9][0-9]*$ ]] || fail_usage "--seeds '$seeds' is invalid: allowed an integer >= 1"
 case "$data_policy" in auto|real|standin) ;; *) fail_usage "--data-policy '$data_policy' is invalid: allowed auto, real, standin" ;; esac
+case "$executor" in local|ray) ;; *) fail_usage "--executor '$executor' is invalid: allowed local, ray" ;; esac
+[ -z "$ray_address" ] || [ "$executor" = ray ] || fail_usage "--ray-address is for --executor ray (the executor is '$executor')"
 for task in ${tasks//,/ }; do
     case "$task" in cifar10|wikitext2) ;; *) fail_usage "--tasks: '$task' is invalid: allowed cifar10, wikitext2" ;; esac
 done
@@ -96,10 +107,13 @@ root=$PWD
 reports_root=${reports_root:-$root/reports}
 # shellcheck disable=SC1091
 . scripts/bootstrap.sh || { echo "run_all.sh: setting up the Python environment failed (see above)" >&2; exit 1; }
+if [ "$executor" = ray ] && ! python -c "import ray" 2>/dev/null; then
+    fail_usage "--executor ray needs Ray, which is not installed: pip install 'trainopt[cluster]' (or --executor local)"
+fi
 
 out_dir="$reports_root/$profile/notebooks"
 mkdir -p "$out_dir"
-echo "[run_all] profile $profile, $seeds seed(s), tasks $tasks, data policy $data_policy, sections ${selected[*]}"
+echo "[run_all] profile $profile, $seeds seed(s), tasks $tasks, data policy $data_policy, sections ${selected[*]}, executor $executor${ray_address:+ at $ray_address}"
 failures=()
 run_start=$(date +%s)
 # the notebooks' progress lines (which run of how many, trained or reused, time left), shown here
@@ -121,6 +135,7 @@ for section in "${selected[@]}"; do
     if python -m papermill "notebooks/$notebook" "$out_dir/$notebook" \
             -p profile "$profile" -p seeds "$seeds" -p tasks "$tasks" \
             -p reports_dir "$reports_root" -p data_policy "$data_policy" \
+            -p executor "$executor" -p ray_address "$ray_address" \
             --cwd notebooks -k python3; then
         stop_following
         echo "[run_all] ${notebook} done in $(( $(date +%s) - start )) s -> $out_dir/$notebook"

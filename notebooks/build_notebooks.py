@@ -20,7 +20,9 @@ profile = "quick"        # smoke | quick | paper
 seeds = 3                # number of seeds per configuration (0..seeds-1)
 tasks = ["cifar10", "wikitext2"]
 reports_dir = "../reports"   # relative to notebooks/
-data_policy = "auto"     # auto (real data if present, else a labeled stand-in) | real | standin'''
+data_policy = "auto"     # auto (real data if present, else a labeled stand-in) | real | standin
+executor = "local"       # local (one run after another here) | ray (each run a Ray task)
+ray_address = ""         # with executor "ray": a running cluster's address ("auto", HOST:PORT); "" starts one here'''
 
 SETUP = '''\
 import warnings
@@ -150,7 +152,7 @@ first `auto` run of a task plans it (about a minute per task on a 2-core CPU for
 models); the plan is kept in `reports/<profile>/plans/` and reused under the same conditions.
 """),
     code('''records = timed_grid(tasks, ["baseline", "optimized", "auto"], seeds=seeds, profile=profile, paths=paths,
-                     data_policy=data_policy)''', IGNORE),
+                     data_policy=data_policy, executor=executor, ray_address=ray_address)''', IGNORE),
     md("""
 ## Tables I and II, measured
 
@@ -225,7 +227,7 @@ machine: notebook 1 shows the plan), then leave-one-out (each removes one compon
     code('show_table(configuration_table(ladder + ["optimized", "auto"] + without_one))', CHECK),
     md("## Runs (finished records are reused)"),
     code('''records = timed_grid(tasks, ladder + ["optimized", "auto"] + without_one, seeds=seeds, profile=profile,
-                     paths=paths, data_policy=data_policy)''', IGNORE),
+                     paths=paths, data_policy=data_policy, executor=executor, ray_address=ray_address)''', IGNORE),
     md("## Table III, measured"),
     code('''for task in tasks:
     table = tables.ablation_table(records, task)
@@ -289,7 +291,7 @@ and hardware.
 """),
     code('''scaling_tasks = parse_tasks(scaling_tasks)
 records = run_grid(scaling_tasks, ["baseline", "optimized"], seeds=1, profile=profile, out_dir=paths.runs,
-                   data_policy=data_policy)
+                   data_policy=data_policy, executor=executor, ray_address=ray_address)
 scaling = {}
 for task in scaling_tasks if measure_scaling is not None else []:
     rows = measure_scaling(task, profile, configs=["baseline", "optimized"], data_policy=data_policy,
@@ -317,7 +319,8 @@ This notebook measures each of these on the runs of notebooks 1 and 2 (reused, o
 from trainopt_core import leave_one_out
 from trainopt_core.reporting import analysis
 configs = ["baseline", "+lr_schedule", "+checkpointing", "optimized"] + [c.name for c in leave_one_out()]
-records = timed_grid(tasks, configs, seeds=seeds, profile=profile, paths=paths, data_policy=data_policy)''',
+records = timed_grid(tasks, configs, seeds=seeds, profile=profile, paths=paths, data_policy=data_policy,
+                     executor=executor, ray_address=ray_address)''',
          IGNORE),
     md("""
 ## The paper's error-analysis claims

@@ -70,7 +70,9 @@ def test_run_all_rejects_bad_arguments_naming_value_and_allowed(tmp_path):
     for args, message in ((["--profile", "huge"], "--profile 'huge' is invalid: allowed smoke, quick, paper, gpu"),
                           (["--seeds", "0"], "--seeds '0' is invalid"),
                           (["--sections", "01,07"], "'07' is invalid"),
-                          (["--frobnicate"], "unknown argument '--frobnicate'")):
+                          (["--frobnicate"], "unknown argument '--frobnicate'"),
+                          (["--executor", "dask"], "--executor 'dask' is invalid: allowed local, ray"),
+                          (["--ray-address", "auto"], "--ray-address is for --executor ray")):
         result = subprocess.run([str(REPO / "run_all.sh"), *args], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
     # a reports folder that cannot be created, or (for a user without root's rights) entered or written

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..config import OptimizationConfig
 from ..reproduction import autoplan
+from ..reproduction.executor import check_executor, run_on_ray
 from ..reproduction.profiles import PROFILES, TASKS, table_configs
 from ..reproduction.runner import run
 from ..reproduction.throughput import measure_throughput
@@ -130,13 +131,27 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str = "auto", **options) -> list[dict]:
+def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str = "auto", executor: str = "local",
+             ray_address: str | None = None, **options) -> list[dict]:
     """`runner.run` for every task x configuration x seed (a finished record is reused, not
     re-run); prints one line per run, says on the progress log (`progress`) which run of how
     many, whether it was trained or reused, the time so far and the time left at the pace of the
-    runs trained so far, and returns the records."""
-    records = []
+    runs trained so far, and returns the records. `executor="ray"`: the runs are Ray tasks
+    (`reproduction.executor`), on the cluster at `ray_address` or on one started here."""
     grid = [(task, config, seed) for task in parse_tasks(tasks) for config in configs for seed in parse_seeds(seeds)]
+    if check_executor(executor) == "ray":
+        def report(line: str) -> None:
+            print(line)
+            progress(line)
+
+        records = run_on_ray(grid, profile=profile, out_dir=out_dir, data_policy=data_policy,
+                             address=ray_address or None, options=options, report=report)
+        for (task, config, seed), record in zip(grid, records):
+            m = record["metrics"]
+            print(f"{task:9s} {config:24s} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
+                  f"final {m['quality_name']} {m['final_quality']:.4g}")
+        return records
+    records = []
     started, trained_s, trained = time.perf_counter(), 0.0, 0
     for index, (task, config, seed) in enumerate(grid, 1):
         start = time.perf_counter()
@@ -162,12 +177,12 @@ def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str =
 
 
 def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_policy: str = "auto",
-               **options) -> list[dict]:
+               executor: str = "local", ray_address: str | None = None, **options) -> list[dict]:
     """`run_grid`, then every table configuration of each task timed in interleaved windows
     (`reproduction.measure_throughput`, reused when made under the same conditions); returns the
     records with their configuration's windows attached (`results.with_throughput`)."""
     records = run_grid(tasks, configs, seeds=seeds, profile=profile, out_dir=paths.runs, data_policy=data_policy,
-                       **options)
+                       executor=executor, ray_address=ray_address, **options)
     timing_options = {k: v for k, v in options.items() if k in ("device", "backend", "data_dir")}
     timings = []
     for task in parse_tasks(tasks):

@@ -1,0 +1,104 @@
+"""The reproduction's runs as Ray tasks (`reproduction.executor`): on a local Ray cluster of this
+machine a section's smoke grid gives the records a sequential run gives, in every deterministic
+field; a worker killed mid-run (SIGKILL, from outside) is retried by Ray and the run resumes from
+its in-run checkpoint; without Ray the error says how to install it."""
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainopt_core.reproduction import executor
+from trainopt_core.reproduction.records import record_differences
+from trainopt_core.reproduction.runner import run
+
+STANDIN = dict(profile="smoke", data_policy="standin")
+
+
+def test_an_unknown_executor_is_refused_naming_the_value():
+    with pytest.raises(ValueError, match=r"executor='dask' is invalid: allowed one of \('local', 'ray'\)"):
+        executor.check_executor("dask")
+
+
+def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ModuleNotFoundError
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'trainopt\[cluster\]'"):
+        executor.ray_module()
+    from trainopt_core.reporting.notebook import run_grid
+
+    with pytest.raises(ModuleNotFoundError, match="executor='ray' needs Ray"):
+        run_grid(["cifar10"], ["baseline"], seeds=1, profile="smoke", out_dir="unused", executor="ray")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _worker_pids() -> list[int]:
+    """Processes whose title says they run the executor's task (Ray names them ray::<function>)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"ray::_run_one" in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.slow
+def test_a_smoke_grid_on_ray_gives_the_sequential_records(ray_cluster, tmp_path):
+    grid = [("cifar10", "baseline", 0), ("cifar10", "auto", 0), ("cifar10", "auto", 1), ("wikitext2", "optimized", 0)]
+    lines = []
+    on_ray = executor.run_on_ray(grid, out_dir=tmp_path / "ray", cpus_per_run=1, report=lines.append, **STANDIN)
+    local = [run(task, config, seed=seed, out_dir=tmp_path / "local", progress=False, **STANDIN)
+             for task, config, seed in grid]
+    for (task, config, seed), remote, here in zip(grid, on_ray, local):
+        assert (remote["task"], remote["config_name"], remote["seed"]) == (task, config, seed)
+        assert not record_differences(here, remote), (task, config, seed)
+    # progress: queued, each run done with where and how long, counts and the time left
+    assert lines[0].startswith("ray: 4 runs, 1 CPU core(s) each") and "1 auto run(s) wait for their task's plan" in lines[0]
+    done = [line for line in lines if " done on " in line]
+    assert len(done) == 4 and "4/4 done, 0 running, 0 queued" in done[-1] and "s left" in done[0]
+    # the second auto run waited for the first, which planned the task: one plan, reused
+    assert done.index(next(d for d in done if "auto seed 1" in d)) > done.index(next(d for d in done if "auto seed 0" in d))
+    assert len(list((tmp_path / "plans").glob("*.json"))) == 1
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_is_retried_and_resumes_from_its_checkpoint(ray_cluster, tmp_path):
+    # the optimized rung without checkpointing, a checkpoint after every optimizer step
+    item, options = ("cifar10", "-checkpointing", 0), dict(checkpoint_every_steps=1)
+    reference = run(*item[:2], seed=0, out_dir=tmp_path / "reference", progress=False, **options, **STANDIN)
+    out = tmp_path / "ray"
+    killed = []
+
+    def kill_after_the_first_checkpoint():
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not killed:
+            if any((out / ".checkpoints").rglob("step*.rank0.pt")):
+                for pid in _worker_pids():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=kill_after_the_first_checkpoint, daemon=True)
+    watcher.start()
+    started = time.perf_counter()
+    (record,) = executor.run_on_ray([item], out_dir=out, cpus_per_run=1, options=options, report=lambda line: None,
+                                    **STANDIN)
+    seconds = time.perf_counter() - started
+    watcher.join(timeout=5)
+    assert killed, "no worker was killed"
+    assert any("resumed from its in-run checkpoint after optimizer step" in note for note in record["notes"]), \
+        record["notes"]
+    assert not record_differences(reference, record)
+    print(f"\n[test_executor] killed pid {killed[0]}; the run with its retry took {seconds:.1f} s")

@@ -1,0 +1,119 @@
+"""Where the reproduction's training runs execute: `local` (one after another in this process,
+the default) or `ray` (each task x configuration x seed a Ray task on a Ray cluster, local or
+joined at an address).
+
+On Ray each run holds one GPU where the cluster has GPUs, else `cpus_per_run` cores (default:
+all of one node's cores for one run at a time on a 2-core machine, two runs on 4 or more). Its
+record and in-run checkpoints are written by the worker into `out_dir`, which every worker must
+reach (a shared file system; the machine itself for a local cluster). A worker lost in the middle
+of a run (killed, its node gone) is retried by Ray (`MAX_RETRIES`), and the retry resumes from
+the run's last in-run checkpoint. A task's `auto` runs wait for its first `auto` run, which plans
+the task; the plan is kept beside the records and reused.
+
+Interleaved throughput timing and Table IV's multi-process launches do not go through here: they
+compare configurations in one process on one device.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Callable
+
+from .._errors import fail as _fail
+
+EXECUTORS = ("local", "ray")
+MAX_RETRIES = 3  # Ray's retries of a run whose worker died (a run's own errors are not retried)
+INSTALL_HINT = "pip install 'trainopt[cluster]' (Ray)"
+
+
+def check_executor(executor: str) -> str:
+    if executor not in EXECUTORS:
+        _fail("executor", executor, f"one of {EXECUTORS}")
+    return executor
+
+
+def ray_module():
+    """`ray`, or a ModuleNotFoundError that says how to install it."""
+    try:
+        import ray
+    except ModuleNotFoundError as missing:
+        raise ModuleNotFoundError(f"executor='ray' needs Ray, which is not installed: {INSTALL_HINT}",
+                                  name="ray") from missing
+    return ray
+
+
+def _run_one(task: str, config: str, seed: int, profile: str, out_dir: str, data_policy: str, threads: int,
+             options: dict) -> tuple[dict, dict]:
+    """One run on a Ray worker: the record, and where it ran."""
+    import torch
+
+    from .runner import run
+
+    torch.set_num_threads(max(1, threads))
+    started = time.perf_counter()
+    record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy, progress=False,
+                 **options)
+    return record, dict(host=socket.gethostname(), pid=os.getpid(), seconds=time.perf_counter() - started)
+
+
+def _cpus_per_run(ray, cpus_per_run: int | None) -> int:
+    if cpus_per_run is not None:
+        if isinstance(cpus_per_run, bool) or not isinstance(cpus_per_run, int) or cpus_per_run < 1:
+            _fail("cpus_per_run", cpus_per_run, "None or an integer >= 1")
+        return cpus_per_run
+    node_cpus = max((int(n["Resources"].get("CPU", 1)) for n in ray.nodes() if n.get("Alive")), default=1)
+    return node_cpus if node_cpus < 4 else max(1, node_cpus // 2)
+
+
+def run_on_ray(grid: list[tuple[str, str, int]], *, profile: str, out_dir, data_policy: str = "auto",
+               address: str | None = None, cpus_per_run: int | None = None, options: dict | None = None,
+               report: Callable[[str], None] = print) -> list[dict]:
+    """The records of `grid` ((task, configuration, seed) each), run as Ray tasks, in `grid`'s
+    order. `address`: a running cluster's ("auto", "HOST:PORT"), else a local one is started for
+    this process. `report` gets one line per event: what was queued, each run done (where, how
+    long), and runs done / running / queued with the time left at the pace so far."""
+    ray = ray_module()
+    if not ray.is_initialized():
+        ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    cpus = _cpus_per_run(ray, cpus_per_run) if not gpus else 1
+    remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=MAX_RETRIES)(_run_one)
+    out = os.fspath(os.path.abspath(out_dir))
+    options = dict(options or {})
+
+    def submit(item):
+        task, config, seed = item
+        return remote.remote(task, config, seed, profile, out, data_policy, cpus, options)
+
+    # a task's first auto run plans it; its other auto runs wait for that plan
+    planners = {task: min((s for t, c, s in grid if t == task and c == "auto"), default=None) for task, _, _ in grid}
+    held = [item for item in grid if item[1] == "auto" and item[2] != planners[item[0]]]
+    pending = {submit(item): item for item in grid if item not in held}
+    report(f"ray: {len(grid)} runs, {gpus or cpus} {'GPU' if gpus else 'CPU core(s)'} each on "
+           f"{int(ray.cluster_resources().get('CPU', 0))} cores / {int(ray.cluster_resources().get('GPU', 0))} GPUs"
+           + (f"; {len(held)} auto run(s) wait for their task's plan" if held else ""))
+    slots = max(1, int(ray.cluster_resources().get("GPU" if gpus else "CPU", 1) // (gpus or cpus)))
+    done: dict[tuple, dict] = {}
+    started = time.perf_counter()
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        item = pending.pop(ready[0])
+        try:
+            record, where = ray.get(ready[0])
+        except Exception as error:  # the run's own error (retries are for lost workers), or retries spent
+            raise RuntimeError(f"run {item[0]} {item[1]} seed {item[2]} failed on Ray: "
+                               f"{str(error).strip().splitlines()[-1][:400]}") from error
+        done[item] = record
+        if item[1] == "auto" and item[2] == planners[item[0]]:
+            for waiting in [h for h in held if h[0] == item[0]]:
+                held.remove(waiting)
+                pending[submit(waiting)] = waiting
+        elapsed = time.perf_counter() - started
+        left = len(grid) - len(done)
+        eta = f", about {elapsed / len(done) * left:.0f} s left" if left else ""
+        running = min(len(pending), slots)
+        report(f"ray: {item[0]} {item[1]} seed {item[2]} done on {where['host']} (pid {where['pid']}) in "
+               f"{where['seconds']:.1f} s; {len(done)}/{len(grid)} done, {running} running, "
+               f"{len(pending) - running + len(held)} queued{eta}")
+    return [done[item] for item in grid]
