@@ -131,6 +131,12 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
+def _run_line(task: str, config: str, seed: int, record: dict) -> str:
+    m = record["metrics"]
+    return (f"{task:9s} {config:24s} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
+            f"final {m['quality_name']} {m['final_quality']:.4g}")
+
+
 def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str = "auto", executor: str = "local",
              ray_address: str | None = None, **options) -> list[dict]:
     """`runner.run` for every task x configuration x seed (a finished record is reused, not
@@ -147,9 +153,7 @@ def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str =
         records = run_on_ray(grid, profile=profile, out_dir=out_dir, data_policy=data_policy,
                              address=ray_address or None, options=options, report=report)
         for (task, config, seed), record in zip(grid, records):
-            m = record["metrics"]
-            print(f"{task:9s} {config:24s} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
-                  f"final {m['quality_name']} {m['final_quality']:.4g}")
+            print(_run_line(task, config, seed, record))
         return records
     records = []
     started, trained_s, trained = time.perf_counter(), 0.0, 0
@@ -168,10 +172,7 @@ def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str =
         progress(f"run {index}/{len(grid)}: {task} {config} seed {seed}: "
                  + ("reused (a finished record made under the same conditions)" if reused else
                     f"trained in {_minutes(seconds)}") + f"; {_minutes(time.perf_counter() - started)} so far{eta}")
-        m = record["metrics"]
-        print(f"{task:9s} {config:24s} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
-              f"final {m['quality_name']} {m['final_quality']:.4g}, "
-              f"{seconds:.1f} s" + (" (reused)" if reused else ""))
+        print(_run_line(task, config, seed, record) + f", {seconds:.1f} s" + (" (reused)" if reused else ""))
         records.append(record)
     return records
 

@@ -85,14 +85,9 @@ def stored_throughput(timing_dir: str | os.PathLike, tasks) -> list[dict]:
     """The interleaved timing records `reproduction.measure_throughput` stored in `timing_dir`
     (``throughput__<task>.json``, complete ones) for `tasks`: what the tables timed, read
     without timing anything."""
-    found = []
-    for task in tasks:
-        path = Path(timing_dir) / f"throughput__{task}.json"
-        if path.is_file():
-            record = json.loads(path.read_text())
-            if record.get("status", "complete") == "complete":
-                found.append(record)
-    return found
+    from ..reproduction.throughput import throughput_path
+
+    return [record for record in (load_record(throughput_path(timing_dir, task)) for task in tasks) if record]
 
 
 def with_throughput(records: list[dict], throughput_records) -> list[dict]:
