@@ -74,7 +74,10 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     assert set(summary["plans"]) == {"wikitext2"}
     assert summary["plans"]["wikitext2"]["candidates"][0]["candidate"] == "fp32, k=1"
     loops = summary["loops"]["loops"]
-    assert {"hand loop", "trainopt engine"} <= set(loops) and loops["trainopt engine"]["vs_hand"] > 0
+    assert {"hand loop", "hand loop + skip check", "trainopt engine"} <= set(loops)
+    assert loops["trainopt engine"]["vs_hand"] > 0 and loops["trainopt engine"]["vs_skip_check"] > 0
+    timed = [row for row in summary["plans"]["wikitext2"]["candidates"] if row["speedup"] is not None]
+    assert timed and all(0 < row["mfu"] < 1 for row in timed)
     goals = {g["goal"]: g for g in summary["goals"]}
     assert "trainopt engine >= 0.99x the hand-written loop" in goals
     assert any(goal.startswith("planning <= 60 s (wikitext2") for goal in goals)
@@ -85,6 +88,15 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     text = (second / "summary.md").read_text()
     assert text.index("## Goals") < text.index("## GPT-2 124M on stand-in: ") and "(NOT WikiText-2): smoke profile" in text
     assert "## wikitext2: auto (" in (second / "profiles.txt").read_text()
+
+
+def test_compiling_repays_from_compile_seconds_over_the_seconds_saved_per_sample(campaign):
+    chosen = {"candidate": "bf16", "seconds_per_sample": 0.0065, "compile_s": None}
+    compiled = {"candidate": "bf16, compiled", "seconds_per_sample": 0.0028, "compile_s": 37.0}
+    assert campaign.compile_break_even(compiled, chosen) == pytest.approx(37.0 / 0.0037)
+    assert campaign.compile_break_even(chosen, chosen) is None  # not compiled
+    assert campaign.compile_break_even({**compiled, "seconds_per_sample": 0.007}, chosen) is None  # never repays
+    assert campaign.compile_break_even(compiled, {**chosen, "compile_s": 5.0}) is None  # the choice compiles too
 
 
 def test_the_reports_index_lists_each_gpu_campaigns_goals(tmp_path):
