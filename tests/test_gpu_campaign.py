@@ -99,6 +99,20 @@ def test_compiling_repays_from_compile_seconds_over_the_seconds_saved_per_sample
     assert campaign.compile_break_even(compiled, {**chosen, "compile_s": 5.0}) is None  # the choice compiles too
 
 
+def test_the_mfu_goal_takes_the_plans_fastest_step_not_its_highest_utilization(campaign):
+    def row(name, speedup, mfu, break_even=None):
+        return {"candidate": name, "speedup": speedup, "speedup_ci_low": 0.9 * speedup,
+                "speedup_ci_high": 1.1 * speedup, "mfu": mfu, "break_even_samples": break_even}
+
+    plan = {"choice": "bf16", "run_samples": 2600, "speedup": 3.0, "speedup_ci": [2.9, 3.1], "planning_s": 50.0,
+            "compile_s": 30.0, "candidates": [row("fp32", 1.0, 0.64), row("bf16", 3.0, 0.13),
+                                              row("bf16, compiled", 7.0, 0.32, break_even=8700.0)]}
+    goals = campaign.goals({"tasks": {}, "plans": {"wikitext2": plan}, "loops": None})
+    (mfu,) = [g for g in goals if g["goal"].startswith("GPT-2 MFU >= 30 %")]
+    assert mfu["measured"].startswith("32.0 % [28.8, 35.2], bf16, compiled; repays its compiling from 8,700 samples")
+    assert mfu["verdict"] == "inconclusive (the bar is inside the 95 % interval)"
+
+
 def test_the_reports_index_lists_each_gpu_campaigns_goals(tmp_path):
     from trainopt_core.reporting.index import write_reports_index
 
