@@ -76,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile", default="gpu", help="gpu (default), or smoke with --device cpu")
     parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(STAGES))
     parser.add_argument("--plan-timing", default=None, help="WINDOWS,STEPS: plan()'s timing windows and steps per "
-                        "window at the paper's sizes (default: plan()'s own)")
+                        "window at the paper's sizes (default: plan()'s own, sized to the baseline's step on CUDA)")
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="seconds this call may take; a stage that would not fit is left for --resume")
     args = parser.parse_args(argv)

@@ -636,3 +636,34 @@ def test_a_speedup_is_the_statistic_its_interval_is_about_even_for_bimodal_windo
     for row in timed:  # the median of these windows (1.0) lies below the mean's interval
         assert row["speedup_ci_low"] <= row["speedup"] <= row["speedup_ci_high"], row
         assert row["speedup"] == pytest.approx(math.exp(9 * math.log(1.8) / 20))
+
+
+@pytest.mark.parametrize("step_s, given, expected", [
+    (0.027, (None, None), (5, 10)),   # ResNet-50 on an H200: short steps, more of them and more windows
+    (0.65, (None, None), (3, 2)),     # GPT-2 124M fp32: windows of two steps already last over a second
+    (0.0005, (None, None), (5, 20)),  # capped
+    (0.027, (4, None), (4, 10)),      # a value the caller gave is kept
+    (0.027, (None, 3), (5, 3)),
+])
+def test_the_default_timing_on_cuda_is_sized_to_the_baseline_step(step_s, given, expected):
+    from trainopt_core.planner.search import sized_timing
+
+    assert sized_timing(step_s, *given) == expected
+
+
+def test_a_timing_left_to_the_device_is_sized_once_from_the_baseline_and_said(monkeypatch):
+    # off CUDA plan() uses 3 x 2; here the CPU is made to size its timing as CUDA does
+    import trainopt_core.planner as planner
+
+    monkeypatch.setattr(planner, "CPU_TIMING", (None, None))
+    result = plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
+                  ks=(1,), speed_options=False)
+    (note,) = [n for n in result.notes if n.startswith("Timing: ")]
+    windows, steps = (int(word) for word in note.split()[1:5:3])
+    assert (windows, steps) == (5, 20)  # this small MLP's step is far under 0.1 s: the cap
+    assert "sized to the fp32 baseline's" in note
+    # every round of timing has that many windows (a near tie is timed in a second round)
+    assert all(row["timed_windows"] and row["timed_windows"] % windows == 0 for row in result.rows)
+    with pytest.raises(ValueError, match=r"steps_per_window=0 is invalid: allowed None \(sized to the device\)"):
+        plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
+             steps_per_window=0)

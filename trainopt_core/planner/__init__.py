@@ -70,7 +70,7 @@ from .adaptive import adaptive_config, measure_goodput, smallest_k
 from .choice import check_weights, choose, helps, over_run, pareto_front
 from .memory_model import predict, zero_saving_bytes
 from .result import Plan
-from .search import Search
+from .search import CPU_TIMING, Search
 from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
                     fewest_splits_that_fit, native_reduced_precisions, precision_splits, speed_option_changes, splits,
                     zero_twins)
@@ -92,7 +92,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
          memory_budget_bytes: float | None = None, weights: Sequence[float] = (1.0, 0.0, 0.0),
          ks: Sequence[int] | None = None, speed_options: bool = True, try_compile: bool | None = None,
          adaptive_accumulation: bool = False, k_max: int = 8, run_samples: int | None = None,
-         windows: int = 3, steps_per_window: int = 2, planning_memory_bytes: float | None = None,
+         windows: int | None = None, steps_per_window: int | None = None, planning_memory_bytes: float | None = None,
          progress: bool = False) -> Plan:
     """Measure candidate configurations on `batch` and choose one (module docstring).
 
@@ -122,7 +122,9 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     (`noise_scale.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
     micro-batch and optimizer-step seconds give the goodput of each k in [k_min, `k_max`]; the
     best is the starting k (`Plan.goodput` has the table and k at the interval's two ends).
-    `windows` × `steps_per_window` steps time each candidate. `planning_memory_bytes`: what the
+    `windows` × `steps_per_window` steps time each candidate (None: 3 × 2 off CUDA; on CUDA
+    sized to the fp32 baseline's step -- windows of >= 0.25 s, 5 of them for steps under 0.1 s,
+    else 3 -- and said in a note). `planning_memory_bytes`: what the
     candidates' copies may hold on the device at once (default: on CUDA 90 % of what is free when
     planning starts; elsewhere no limit). Each copy holds its weights, gradients and optimizer
     state; copies are released least recently used first to make room, and candidates are timed
@@ -152,8 +154,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if run_samples is not None and (not isinstance(run_samples, int) or isinstance(run_samples, bool) or run_samples < 1):
         fail("run_samples", run_samples, "None (the run's length unknown) or an integer >= 1 (samples the run trains on)")
     for argument, value in (("windows", windows), ("steps_per_window", steps_per_window)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            fail(argument, value, "an integer >= 1")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            fail(argument, value, "None (sized to the device) or an integer >= 1")
     if adaptive_accumulation and (not isinstance(k_max, int) or isinstance(k_max, bool) or k_max < 2):
         fail("k_max", k_max, "an integer >= 2 (the largest k adaptive accumulation may reach)")
     dist = torch.distributed
@@ -174,6 +176,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
              "wrapped as it needs: DDP, or DeepSpeed at its ZeRO stage)")
     if try_compile is None:
         try_compile = device.type == "cuda"
+    if device.type != "cuda":
+        windows, steps_per_window = windows or CPU_TIMING[0], steps_per_window or CPU_TIMING[1]
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
                     progress, loss_takes_model, run_samples, planning_memory_bytes)
     notes = []
@@ -334,6 +338,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         notes.append(f"Timed in groups {room}, each group with the baseline ({search.split_rounds} round(s) split"
                      f"{ran_out}); {search.rebuilt} candidate cop{'y was' if search.rebuilt == 1 else 'ies were'} "
                      "built again after being released for room.")
+    if search.timing_note:
+        notes.append(search.timing_note)
     rows = list(search.rows.values())
     try:
         notes += choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=run_samples)

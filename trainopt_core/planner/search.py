@@ -32,7 +32,7 @@ from ..checkpointing import block_sequence, has_block_sequence
 from ..measure.energy import EnergyMeter
 from ..measure.memory import resident_bytes
 from ..measure.stats import paired_ratio, summarize
-from ..measure.timing import interleaved_windows
+from ..measure.timing import Timer, interleaved_windows
 from ..measure.tracker import MemoryTracker, state_bytes
 from .choice import choose, cost_intervals_overlap, measured_part
 from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes, partitionable_bytes, predict
@@ -50,6 +50,23 @@ def loss_tolerance(candidate: Candidate) -> float:
     return LOSS_TOLERANCE["tf32" if candidate.tf32 and candidate.precision == "fp32" else candidate.precision]
 
 
+# plan()'s default timing on CUDA, sized to the fp32 baseline's step: windows of at least
+# WINDOW_TARGET_S (2 to MAX_STEPS_PER_WINDOW steps), and 5 windows instead of 3 for steps under
+# SHORT_STEP_S. On an H200, 3 windows of 2 steps of ResNet-50's 27 ms step left its candidates'
+# intervals 0.6-1.8x wide and chose fp32 TF32 with CUDA graphs (1.72x); 5 windows of 10 steps
+# narrowed them to +-5-10 % and chose bf16 with them (2.72x). GPT-2 124M's steps (0.2-0.65 s)
+# keep 3 windows of 2 steps, whose intervals were already +-1 %.
+WINDOW_TARGET_S, SHORT_STEP_S, MAX_STEPS_PER_WINDOW = 0.25, 0.1, 20
+CPU_TIMING = (3, 2)  # windows, steps per window: CPU steps are long, and planning time counts
+
+
+def sized_timing(step_s: float, windows: int | None, steps_per_window: int | None) -> tuple[int, int]:
+    """(windows, steps per window) for a device whose baseline step takes `step_s`; a value the
+    caller gave is kept."""
+    steps = steps_per_window or min(max(2, math.ceil(WINDOW_TARGET_S / step_s)), MAX_STEPS_PER_WINDOW)
+    return windows or (5 if step_s < SHORT_STEP_S else 3), steps
+
+
 class Search:
     """The measurements one `plan()` call makes: trials, rows, the memory model."""
 
@@ -58,7 +75,9 @@ class Search:
         self.model, self.optimizer_factory, self.batch, self.loss_fn = model, optimizer_factory, batch, loss_fn
         self.loss_takes_model = loss_takes_model
         self.device, self.budget = device, budget
+        # None: sized to the baseline's step before the first timing (`timing`)
         self.windows, self.steps_per_window = windows, steps_per_window
+        self.timing_note = None
         self.run_samples = run_samples
         self.size = len(batch[0])
         self.num_blocks = len(block_sequence(model)) if has_block_sequence(model) else None
@@ -274,6 +293,27 @@ class Search:
                 group = together
         return groups + [group]
 
+    def timing(self) -> tuple[int, int]:
+        """(windows, steps per window); where `plan()` left them to the device (None), sized once
+        to the fp32 baseline's step, the median of 3 timed after its warm-up, and agreed on by
+        every process."""
+        if self.windows is None or self.steps_per_window is None:
+            baseline = Candidate()
+            self._ensure([baseline])
+            seconds = []
+            for _ in range(3):
+                with Timer(self.device) as timer:
+                    self.trials[baseline].step()
+                seconds.append(timer.elapsed_s)
+            step_s = sorted(seconds)[1]
+            sized = sized_timing(step_s, self.windows, self.steps_per_window)
+            self.windows, self.steps_per_window = (int(v) for v in self.ranks.min(list(sized)))
+            self.timing_note = (f"Timing: {self.windows} windows of {self.steps_per_window} steps, sized to the fp32 "
+                                f"baseline's {1000 * step_s:.0f} ms step (windows of >= {WINDOW_TARGET_S} s; 5 windows "
+                                f"for steps under {SHORT_STEP_S} s).")
+            self._say(self.timing_note)
+        return self.windows, self.steps_per_window
+
     def time(self, candidates: Sequence[Candidate]) -> None:
         """Times `candidates` (and the baseline) in interleaved windows; each row gets seconds
         per sample and its speedup over the baseline paired window by window, and energy per
@@ -319,6 +359,7 @@ class Search:
     def _time_group(self, names: list[Candidate]) -> None:
         baseline = names[0]
         self._ensure(names)
+        self.timing()  # the baseline's copy is built now: it is in every group
         self._say(f"timing {len(names)} candidates in {self.windows} interleaved windows")
         try:
             rates = interleaved_windows({c.name: self.trials[c].step for c in names}, windows=self.windows,
