@@ -17,6 +17,7 @@ import pandas as pd
 
 from .environment import describe_hardware, describe_manifest
 from .results import load_records, resolve_reports_dir
+from . import session_floor
 from .._errors import fail as _fail
 
 # Layout of one profile's folder under reports/.
@@ -78,6 +79,9 @@ def footnotes(records: list[dict]) -> list[str]:
             order.append(key)
         merged[key].append(match["name"])
     notes = [f"Model: {ctx['model']}.", f"Precision that ran: {ctx['precision']}."]
+    kinds = sorted({str(r["timing"].get("machine_kind")) for r in records if r.get("timing")})
+    if kinds:  # what a timing interval covers (`session_floor`)
+        notes.append(session_floor.describe(None if kinds == ["None"] else kinds[0]))
     for item in order:
         if isinstance(item, str):
             notes.append(item[0].upper() + item[1:] + ("" if item.endswith(".") else "."))

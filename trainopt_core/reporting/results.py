@@ -20,6 +20,7 @@ import pandas as pd
 from .. import measure
 from ..reproduction.records import load_record  # the one definition of a finished record
 from .._errors import fail as _fail
+from . import session_floor
 
 # Record metrics that every table aggregates over seeds (keys of record["metrics"]).
 SEED_METRICS = ("samples_to_target", "steps_to_target", "time_to_target_wall_s", "peak_memory_bytes", "throughput",
@@ -97,9 +98,18 @@ def with_throughput(records: list[dict], throughput_records) -> list[dict]:
     by_task = {t["task"]: t for t in (throughput_records or []) if t}
     out = []
     for record in records:
-        timing = by_task.get(record["task"], {}).get("results", {}).get(record["config_name"])
-        out.append(dict(record, timing=timing) if timing else record)
+        timed = by_task.get(record["task"], {})
+        timing = timed.get("results", {}).get(record["config_name"])
+        # the machine kind whose between-session spread its intervals carry (`session_floor`)
+        out.append(dict(record, timing=dict(timing, machine_kind=session_floor.machine_kind(timed.get("manifest"))))
+                   if timing else record)
     return out
+
+
+def _floor(timing: dict | None, what: str) -> float | None:
+    """The between-session relative SD (`what`: "rate" or "ratio") of the timing's machine kind."""
+    floor = session_floor.floor_for((timing or {}).get("machine_kind"))
+    return None if floor is None else floor[what]
 
 
 def records_frame(records: list[dict]) -> pd.DataFrame:
@@ -178,14 +188,17 @@ def aggregate(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
         group_records = by_key.get((task, config), [])
         timing = _timing_of(group_records)
         if timing:
-            throughput = measure.summarize(timing["items_per_s"])
+            # intervals over this session's windows, widened by the machine kind's between-session spread
+            throughput = session_floor.widen(measure.summarize(timing["items_per_s"]), _floor(timing, "rate"))
             _put(row, "throughput", throughput)
+            samples_per_s = session_floor.widen(measure.summarize(timing["samples_per_s"]), _floor(timing, "rate"))
             _put(row, "time_to_target_s", _time_to_target(measure.summarize(group["samples_to_target"].tolist()),
-                                                          measure.summarize(timing["samples_per_s"])))
+                                                          samples_per_s))
             metrics = group_records[0].get("metrics", {})
             if metrics.get("flops_per_item") and metrics.get("peak_flops_per_s"):
                 _put(row, "flops_utilization", _scaled(throughput, metrics["flops_per_item"] / metrics["peak_flops_per_s"]))
             row["timing_source"] = f"interleaved windows ({len(timing['items_per_s'])})"
+            row["timing_covers"] = session_floor.describe(timing.get("machine_kind"))
         else:
             _put(row, "time_to_target_s", measure.summarize(group["time_to_target_wall_s"].tolist()))
             row["timing_source"] = "each run's own clock (not interleaved)"
@@ -254,18 +267,22 @@ def measured_change(records: list[dict], task: str, baseline: str, other: str, k
         return measure.paired_ratio([o[s] for s in common], [b[s] for s in common])
 
     censoring = None
+    # a timed ratio's interval carries the machine kind's between-session spread of ratios
+    sigma = _floor(base_timing, "ratio") if timed else None
     if key == "throughput" and timed:
-        ratio = measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"])
+        ratio = session_floor.widen(measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"]), sigma)
     elif key == "time_to_target_s" and timed:
         samples, censoring = censored_seeds_ratio(base, opt, "samples_to_target")
-        ratio = measure.product_ratio(samples,
-                                      measure.paired_ratio(base_timing["samples_per_s"], opt_timing["samples_per_s"]))
+        seconds = session_floor.widen(measure.paired_ratio(base_timing["samples_per_s"], opt_timing["samples_per_s"]),
+                                      sigma)
+        ratio = measure.product_ratio(samples, seconds)
     elif key == "time_to_target_s":
         ratio, censoring = censored_seeds_ratio(base, opt, "time_to_target_wall_s")
     elif key == "flops_utilization" and timed:
         b_m, o_m = base[0]["metrics"], opt[0]["metrics"]
         factor = (o_m["flops_per_item"] / o_m["peak_flops_per_s"]) / (b_m["flops_per_item"] / b_m["peak_flops_per_s"])
-        ratio = _scaled(measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"]), factor)
+        ratio = _scaled(session_floor.widen(measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"]),
+                                            sigma), factor)
     else:
         ratio = seeds_ratio(key)
     extra = {} if censoring is None else dict(censoring=censoring)

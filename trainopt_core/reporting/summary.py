@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from .environment import describe_manifest
-from .results import as_number, load_records
+from . import session_floor
+from .results import as_number, load_records, profile_dir, stored_throughput
 from .tables import format_change
 from .verdicts import verdict_category
 from .._errors import fail as _fail
@@ -100,6 +101,9 @@ def profile_summary(reports_dir: str | os.PathLike, profile: str) -> str:
     runs' records name."""
     described = describe_manifest(load_records(reports_dir, profile))
     context = {key: described[key] for key in ("Data", "Hardware") if key in described}
+    timings = stored_throughput(profile_dir(reports_dir, profile) / "timing", ("cifar10", "wikitext2"))
+    if timings:  # what the timing intervals cover: one session, or the machine kind's sessions too
+        context["Intervals"] = session_floor.describe(session_floor.machine_kind(timings[0].get("manifest"))).rstrip(".")
     return summary_markdown(Path(reports_dir) / profile / "tables", profile=profile, context=context)
 
 

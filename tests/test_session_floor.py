@@ -1,0 +1,101 @@
+"""The between-session spread of timings on one machine kind (reporting.session_floor), estimated
+from reproductions' timing records and carried into every throughput and time interval."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from trainopt_core.reporting import results, session_floor
+from trainopt_core.reporting.index import footnotes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _timing_record(folder: Path, session_factor: float, *, isa="AVX2", device="cpu", ratio=0.5, settings=None):
+    """One session's interleaved timing of a baseline and an optimized configuration: every rate
+    of the session scaled by `session_factor`, the optimized one at `ratio` of the baseline."""
+    base = [100.0 * session_factor * (1 + 0.001 * i) for i in range(4)]
+    record = {"kind": "interleaved_throughput", "status": "complete", "task": "cifar10", "profile": "quick",
+              "conditions": {"device_type": device, "hardware": {"cpu_isa": isa, "cpu_id": str(session_factor)},
+                             "profile_settings": settings or {"model": "small", "timing_windows_per_seed": 4}},
+              "manifest": {"device": device, "hardware": {"cpu_isa": isa}},
+              "results": {"baseline": {"items_per_s": base, "config_hash": "a"},
+                          "optimized": {"items_per_s": [ratio * b for b in base], "config_hash": "b"}}}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "throughput__cifar10.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_the_floor_is_the_spread_of_session_means_less_the_windows_own(tmp_path):
+    factors = (1.0, 1.2, 0.9)
+    paths = [_timing_record(tmp_path / f"s{i}", f) for i, f in enumerate(factors)]
+    # one AMX session and one GPU session: no floor from them
+    paths.append(_timing_record(tmp_path / "amx", 1.0, isa="AVX512+bf16+amx"))
+    paths.append(_timing_record(tmp_path / "gpu", 3.0, device="cuda"))
+    floors = session_floor.estimate(paths)
+    assert set(floors) == {"AVX2"}
+    logs = [math.log(f) for f in factors]
+    mean = sum(logs) / 3
+    between = math.sqrt(sum((v - mean) ** 2 for v in logs) / 2)
+    assert floors["AVX2"]["rate"] == pytest.approx(between, rel=0.01)  # the windows' own spread is tiny
+    assert floors["AVX2"]["ratio"] == pytest.approx(0.0, abs=1e-6)  # the ratio held in every session
+    assert floors["AVX2"]["sessions"] == 3 and len(floors["AVX2"]["records"]) == 3
+
+
+def test_sessions_of_another_workload_or_only_other_timing_settings(tmp_path):
+    other = _timing_record(tmp_path / "other", 2.0, settings={"model": "large", "timing_windows_per_seed": 4})
+    same = _timing_record(tmp_path / "same", 2.0, settings={"model": "small", "timing_windows_per_seed": 8})
+    first = _timing_record(tmp_path / "first", 1.0)
+    assert session_floor.estimate([first, other]) == {}  # another model: nothing to pool
+    assert session_floor.estimate([first, same])["AVX2"]["rate"] == pytest.approx(math.log(2) / math.sqrt(2),
+                                                                                   rel=0.01)
+
+
+def test_widening_adds_the_floor_in_quadrature_in_log_space():
+    summary = {"mean": 100.0, "ci_low": 90.0, "ci_high": 110.0}
+    wide = session_floor.widen(summary, 0.1)
+    assert wide["ci_low"] == pytest.approx(100 * math.exp(-math.hypot(math.log(100 / 90), 1.959964 * 0.1)))
+    assert wide["ci_high"] == pytest.approx(100 * math.exp(math.hypot(math.log(110 / 100), 1.959964 * 0.1)))
+    assert (wide["session_ci_low"], wide["session_ci_high"]) == (90.0, 110.0)
+    assert session_floor.widen(summary, None) is summary
+    assert session_floor.widen({"mean": 1.0, "ci_low": None, "ci_high": None}, 0.1)["ci_low"] is None
+
+
+def _runs(kind):
+    base = [80.0, 100.0, 120.0, 100.0]
+    timing = {"baseline": base, "optimized": [b * 0.5 for b in base]}
+    return [{"task": "cifar10", "config_name": name, "seed": seed, "model_name": "ResNet", "data_source": "stand-in",
+             "config": {"precision": "fp32"}, "metrics": {"samples_to_target": 1000.0 + 100 * seed},
+             "timing": {"items_per_s": rates, "samples_per_s": rates, "machine_kind": kind}}
+            for name, rates in timing.items() for seed in (0, 1)]
+
+
+def test_tables_carry_the_floor_of_the_timings_machine_kind_and_say_what_an_interval_covers(monkeypatch):
+    monkeypatch.setattr(session_floor, "floors", lambda: {"AVX2": {"rate": 0.2, "ratio": 0.06, "sessions": 7}})
+    one_session, floored = results.aggregate(_runs("GPU-or-unknown")), results.aggregate(_runs("AVX2"))
+    for column in ("throughput", "time_to_target_s"):
+        assert floored[f"{column}_ci_low"][0] < one_session[f"{column}_ci_low"][0]
+        assert floored[f"{column}_ci_high"][0] > one_session[f"{column}_ci_high"][0]
+        assert floored[f"{column}_mean"][0] == one_session[f"{column}_mean"][0]
+    for key in ("throughput", "time_to_target_s"):
+        narrow = results.measured_change(_runs(None), "cifar10", "baseline", "optimized", key)
+        wide = results.measured_change(_runs("AVX2"), "cifar10", "baseline", "optimized", key)
+        assert wide["mean"] == pytest.approx(narrow["mean"])
+        assert wide["ci_low"] < narrow["ci_low"] and wide["ci_high"] > narrow["ci_high"]
+    # the paired ratio is exactly 0.5 in every window: its interval is the floor's alone
+    wide = results.measured_change(_runs("AVX2"), "cifar10", "baseline", "optimized", "throughput")
+    assert wide["ci_high"] + 1 == pytest.approx(0.5 * math.exp(1.959964 * 0.06))
+    assert "spread between sessions measured on AVX2 machines (20.0 % for rates, 6.0 % for ratios" in \
+        " ".join(footnotes(_runs("AVX2")))
+    assert "describe this session's interleaved windows only" in " ".join(footnotes(_runs(None)))
+
+
+def test_the_committed_floors_are_what_the_committed_reproductions_give():
+    committed = json.loads(session_floor.FLOOR_FILE.read_text())["floors"]
+    paths = sorted((ROOT / "reports").rglob("throughput__*.json"))
+    measured = session_floor.estimate([p.relative_to(ROOT) for p in paths]) if paths else {}
+    assert set(committed) == set(measured) and committed
+    for kind, floor in committed.items():
+        assert floor["rate"] == pytest.approx(measured[kind]["rate"]) and floor["records"] == measured[kind]["records"]
