@@ -99,3 +99,23 @@ def test_the_committed_floors_are_what_the_committed_reproductions_give():
     assert set(committed) == set(measured) and committed
     for kind, floor in committed.items():
         assert floor["rate"] == pytest.approx(measured[kind]["rate"]) and floor["records"] == measured[kind]["records"]
+
+
+def test_the_rerun_check_counts_how_often_a_session_lands_inside_another_sessions_interval(tmp_path, capsys):
+    from trainopt_core.reporting.floors import main
+
+    paths = [_timing_record(tmp_path / f"s{i}", f) for i, f in enumerate((1.0, 1.2, 0.9))]
+    floors = session_floor.estimate(paths)
+    counted = session_floor.rerun_coverage(paths, floors)
+    # 3 sessions: 6 ordered pairs per cell; the windows are far narrower than the session spread
+    assert counted["rate"] == {"pairs": 12, "inside": counted["rate"]["inside"], "inside_one_session": 0}
+    assert counted["rate"]["inside"] > 0
+    assert counted["ratio"]["pairs"] == 6 and counted["ratio"]["inside"] == 6  # the ratio is the same everywhere
+    assert session_floor.rerun_coverage(paths, {}) == {w: {"pairs": 0, "inside": 0, "inside_one_session": 0}
+                                                       for w in ("rate", "ratio")}
+    out = tmp_path / "floors.json"
+    assert main([str(tmp_path), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["floors"]["AVX2"]["rate"] == pytest.approx(floors["AVX2"]["rate"])
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "missing")])
+    assert "missing: not a folder" in capsys.readouterr().err

@@ -1,0 +1,51 @@
+"""The command line of `session_floor`: estimate the between-session floors from reproductions'
+timing records, or check how often a rerun lands inside another session's interval.
+
+    python -m trainopt_core.reporting.floors reports --out trainopt_core/reporting/session_floor.json
+    python -m trainopt_core.reporting.floors reports --check
+
+(Its own module: `trainopt_core.reporting` imports `session_floor`, and running an imported
+module with -m warns.)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .session_floor import estimate, rerun_coverage
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainopt_core.reporting.floors",
+                                     description="Between-session floors of timing intervals")
+    parser.add_argument("reports", nargs="+", help="folders searched for throughput__<task>.json records")
+    parser.add_argument("--out", help="write the floors here (JSON); default: print them")
+    parser.add_argument("--check", action="store_true", help="instead: how often one session's value lies inside "
+                        "another's interval, with the committed floors and without")
+    args = parser.parse_args(argv)
+    paths = []
+    for folder in args.reports:
+        if not Path(folder).is_dir():
+            parser.error(f"{folder}: not a folder (allowed: folders holding reproductions' timing records)")
+        paths += sorted(Path(folder).rglob("throughput__*.json"))
+    if args.check:
+        for what, counted in rerun_coverage(paths).items():
+            pairs = max(counted["pairs"], 1)
+            print(f"{what}: {counted['pairs']} ordered pairs of sessions; the other session's value inside the interval "
+                  f"with the floor {counted['inside']} ({100 * counted['inside'] / pairs:.0f} %), one session's alone "
+                  f"{counted['inside_one_session']} ({100 * counted['inside_one_session'] / pairs:.0f} %)")
+        return 0
+    result = {"method": "between-session SD of the mean log rate (method of moments), RMS over cells; "
+                        "see trainopt_core/reporting/session_floor.py", "floors": estimate(paths)}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text if not args.out else f"wrote {args.out}: " + ", ".join(
+        f"{k} rate {100 * v['rate']:.1f} %, ratio {100 * v['ratio']:.1f} % ({v['sessions']} sessions)"
+        for k, v in result["floors"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
