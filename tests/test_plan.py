@@ -642,6 +642,7 @@ def test_a_speedup_is_the_statistic_its_interval_is_about_even_for_bimodal_windo
     (0.027, (None, None), (5, 10)),   # ResNet-50 on an H200: short steps, more of them and more windows
     (0.65, (None, None), (3, 2)),     # GPT-2 124M fp32: windows of two steps already last over a second
     (0.0005, (None, None), (5, 20)),  # capped
+    (0.0, (None, None), (5, 20)),     # a clock too coarse to see the step
     (0.027, (4, None), (4, 10)),      # a value the caller gave is kept
     (0.027, (None, 3), (5, 3)),
 ])

@@ -63,7 +63,7 @@ CPU_TIMING = (3, 2)  # windows, steps per window: CPU steps are long, and planni
 def sized_timing(step_s: float, windows: int | None, steps_per_window: int | None) -> tuple[int, int]:
     """(windows, steps per window) for a device whose baseline step takes `step_s`; a value the
     caller gave is kept."""
-    steps = steps_per_window or min(max(2, math.ceil(WINDOW_TARGET_S / step_s)), MAX_STEPS_PER_WINDOW)
+    steps = steps_per_window or min(max(2, math.ceil(WINDOW_TARGET_S / max(step_s, 1e-9))), MAX_STEPS_PER_WINDOW)
     return windows or (5 if step_s < SHORT_STEP_S else 3), steps
 
 
