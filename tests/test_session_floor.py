@@ -90,6 +90,7 @@ def test_tables_carry_the_floor_of_the_timings_machine_kind_and_say_what_an_inte
     assert "spread between sessions measured on AVX2 machines (20.0 % for rates, 6.0 % for ratios" in \
         " ".join(footnotes(_runs("AVX2")))
     assert "describe this session's interleaved windows only" in " ".join(footnotes(_runs(None)))
+    assert "interleaved windows" not in " ".join(footnotes(_runs("AVX2"), timing=False))  # a table without timing
 
 
 def test_the_committed_floors_are_what_the_committed_reproductions_give():

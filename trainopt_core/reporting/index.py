@@ -60,10 +60,11 @@ def caption(title: str, records: list[dict]) -> str:
 _FROM_RUN = re.compile(r"^(?P<head>.+) the run of '(?P<name>[^']+)': (?P<why>.+)$")
 
 
-def footnotes(records: list[dict]) -> list[str]:
-    """The notes of a table, each once: the model, the precision each configuration ran in, then
-    the runs' notes split into their clauses, with "from the run of 'X': why" clauses of the same
-    why merged into one ("from the runs of 'X', 'Y': why")."""
+def footnotes(records: list[dict], *, timing: bool = True) -> list[str]:
+    """The notes of a table, each once: the model, the precision each configuration ran in, with
+    `timing` what its timing intervals cover (where its records carry timing windows), then the
+    runs' notes split into their clauses, with "from the run of 'X': why" clauses of the same why
+    merged into one ("from the runs of 'X', 'Y': why")."""
     ctx = run_context(records)
     clauses = list(dict.fromkeys(part.strip() for note in ctx["notes"] for part in note.split("; ") if part.strip()))
     merged: dict[tuple[str, str], list[str]] = {}
@@ -79,7 +80,7 @@ def footnotes(records: list[dict]) -> list[str]:
             order.append(key)
         merged[key].append(match["name"])
     notes = [f"Model: {ctx['model']}.", f"Precision that ran: {ctx['precision']}."]
-    kinds = sorted({str(r["timing"].get("machine_kind")) for r in records if r.get("timing")})
+    kinds = sorted({str(r["timing"].get("machine_kind")) for r in records if r.get("timing")}) if timing else []
     if kinds:  # what a timing interval covers (`session_floor`)
         notes.append(session_floor.describe(None if kinds == ["None"] else kinds[0]))
     for item in order:

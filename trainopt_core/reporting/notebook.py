@@ -303,11 +303,15 @@ def table_name(kind: str, task: str | None = None) -> str:
     return f"{kind}_{TASK_LABELS[task]['file']}"
 
 
+TIMED_TABLES = ("table1", "table2", "table3")
+
+
 def publish_table(table: pd.DataFrame, paths: ReportPaths, name: str, title: str, records: list[dict],
                   display: pd.DataFrame | None = None) -> None:
     """Caption `table` with the runs' context (its notes numbered below it), write it (CSV +
     Markdown) and show it."""
-    text, notes = caption(title, records), footnotes(records)
+    # Tables I-III's timing intervals carry the between-session floor (`results`); say what they cover there
+    text, notes = caption(title, records), footnotes(records, timing=name.startswith(TIMED_TABLES))
     shown = display if display is not None else readable_frame(table)
     empty = [c for c in shown.columns
              if all(v is None or v in ("—", "") or (isinstance(v, float) and math.isnan(v)) for v in shown[c])]
