@@ -93,7 +93,8 @@ def test_tables_carry_the_floor_of_the_timings_machine_kind_and_say_what_an_inte
     assert "interleaved windows" not in " ".join(footnotes(_runs("AVX2"), timing=False))  # a table without timing
 
 
-def test_the_committed_floors_are_what_the_committed_reproductions_give():
+def test_the_committed_floors_are_what_the_committed_reproductions_give(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the committed file names its records relative to the checkout
     committed = json.loads(session_floor.FLOOR_FILE.read_text())["floors"]
     paths = sorted((ROOT / "reports").rglob("throughput__*.json"))
     measured = session_floor.estimate([p.relative_to(ROOT) for p in paths]) if paths else {}
