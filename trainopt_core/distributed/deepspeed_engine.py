@@ -288,15 +288,15 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                 self._update_k()  # eq. 6 on identical gathered numbers; the k setter tells DeepSpeed
         # bf16/fp32 at ZeRO-1/2: DeepSpeed's ZeRO optimizer finds the non-finite norm itself and
         # skips the step (its weights untouched: DeepSpeed 0.19); counted as the torch engine does
-        skipped_by_deepspeed = (self.config.precision != "fp16" and not withheld and not stepped
-                                and self._grad_norm is not None and not math.isfinite(self._grad_norm))
+        nonfinite_norm = (self.config.precision != "fp16" and not withheld and self._grad_norm is not None
+                          and not math.isfinite(self._grad_norm))
+        skipped_by_deepspeed = nonfinite_norm and not stepped
         if (withheld or skipped_by_deepspeed) and self.consecutive_skipped_steps >= self.config.max_nonfinite_steps:
             raise mp.nonfinite_steps_error(
                 step=self.optimizer_steps, grad_norm=self._grad_norm, consecutive=self.consecutive_skipped_steps,
                 allowed=self.config.max_nonfinite_steps, precision=self.config.precision,
                 backend=f"DeepSpeed ZeRO-{self.config.zero_stage}, the steps skipped before they reached the weights")
-        if (self.config.precision != "fp16" and not withheld and not skipped_by_deepspeed
-                and self._grad_norm is not None and not math.isfinite(self._grad_norm)):
+        if nonfinite_norm and stepped:  # DeepSpeed applied a step whose norm was not finite
             raise mp.nonfinite_steps_error(
                 step=self.optimizer_steps, grad_norm=self._grad_norm, consecutive=1,
                 allowed=0, precision=self.config.precision,

@@ -27,6 +27,7 @@ from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
 
+from .. import measure
 from ..reproduction.profiles import TIMING_ONLY_SETTINGS
 
 FLOOR_FILE = Path(__file__).with_name("session_floor.json")
@@ -142,8 +143,6 @@ def rerun_coverage(paths, floor_table: dict | None = None) -> dict:
     floors) and as one session's alone. In-sample where the floors came from the same records.
     A 95 % interval of the mean holds the other session's value about 83 % of the time when the
     floor is right (both values vary: 1.96 / sqrt(2) standard deviations)."""
-    from .. import measure
-
     floor_table = floors() if floor_table is None else floor_table
     out = {what: {"pairs": 0, "inside": 0, "inside_one_session": 0} for what in ("rate", "ratio")}
     for (kind, _task, name, *_, what), sessions in _cells(paths).items():
