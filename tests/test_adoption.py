@@ -35,7 +35,7 @@ def test_the_optimized_preset_runs_on_an_unknown_model_without_checkpointing_and
     model = _OwnModel()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with pytest.warns(UserWarning, match=r"checkpointing is off.*_OwnModel.*checkpoint_blocks") as caught:
-        engine = prepare(model, optimizer, OptimizationConfig.optimized().replace(precision="bf16"),
+        engine = prepare(model, optimizer, OptimizationConfig.optimized().replace(precision="auto"),
                          total_samples=64, micro_batch_size=4)
     relevant = [w for w in caught if "checkpointing is off" in str(w.message)]
     assert len(relevant) == 1 and relevant[0].filename == __file__  # points at the caller's line
@@ -53,7 +53,7 @@ def test_the_optimized_preset_runs_on_an_unknown_model_without_checkpointing_and
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
-                         OptimizationConfig.optimized().replace(precision="bf16", zero_stage=0),
+                         OptimizationConfig.optimized().replace(precision="auto", zero_stage=0),
                          total_samples=64, micro_batch_size=4)
     assert engine.config.checkpointing == "sqrt" and checkpoint_plan(model).num_blocks == 4
 
@@ -185,8 +185,12 @@ def test_schedule_arguments_are_checked_naming_value_and_allowed():
         make(total_steps=10, warmup_steps=10)
     with pytest.raises(ValueError, match=r"min_lr=0.5 is invalid: allowed an LR in \[0, base LR = 0.1\]"):
         make(total_steps=10, min_lr=0.5)
-    with pytest.raises(ValueError, match="warmup_steps / min_lr are invalid with total_samples"):
+    with pytest.raises(ValueError, match="warmup_steps=3 is invalid with total_samples: allowed warmup_samples"):
         make(total_samples=100, warmup_steps=3)
+    with pytest.raises(ValueError, match="warmup_samples=30 is invalid with total_steps: allowed warmup_steps"):
+        make(total_steps=10, warmup_samples=30)
+    with pytest.raises(ValueError, match=r"warmup_samples=100 is invalid: allowed an integer in \[0, total_samples\)"):
+        make(total_samples=100, warmup_samples=100)
 
 
 def test_stopping_and_evaluation_helpers_stay_in_samples_when_k_changes():

@@ -10,10 +10,11 @@ import importlib.util
 
 import torch
 
+from . import precision as mp
 from ._caller import warn_at_caller
 from .checkpointing import SUPPORTED_MODELS, apply_activation_checkpointing, has_block_sequence, unalias_checkpoint_blocks
 from .config import OptimizationConfig
-from .engine import TrainingEngine
+from .engine import TrainingEngine, model_device
 
 BACKENDS = ("torch", "deepspeed", "auto")
 
@@ -67,6 +68,7 @@ def prepare(
     backend: str = "torch",
     total_steps: int | None = None,
     warmup_steps: int | None = None,
+    warmup_samples: int | None = None,
     min_lr: float | None = None,
 ) -> TrainingEngine:
     """Wrap an existing model and optimizer in the configured optimizations.
@@ -90,10 +92,14 @@ def prepare(
     `config.tf32` lets fp32 matmuls and convolutions use TF32 inside the engine's autocast()
     and backward().
 
-    The LR schedule runs over `total_samples` samples (sequences, images) -- or, given
-    `total_steps` instead, over optimizer steps: linear warmup for `warmup_steps` steps, cosine
-    to `min_lr` (an LR value) at step `total_steps` (`schedule.StepLRSchedule`).
-    A constant schedule (the config's default) needs neither.
+    The LR schedule runs over `total_samples` samples (sequences, images; what adaptive k needs,
+    as its steps change size) with `warmup_samples` -- or over `total_steps` optimizer steps with
+    `warmup_steps` (`schedule.StepLRSchedule`) -- and its cosine ends at `min_lr` (an LR value)
+    either way. Warmup defaults to the configuration's warmup_fraction of the horizon, min_lr to
+    its min_lr_ratio × the base LR. A constant schedule (the config's default) needs no horizon.
+    `precision="auto"` in the configuration becomes the fastest precision this device computes
+    natively (`precision.choose_precision`; said once); an explicit one that runs slower here
+    than another (bf16 emulated on a CPU without bf16 instructions, fp16 on any CPU) warns.
     """
     if not isinstance(config, OptimizationConfig):
         raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
@@ -104,6 +110,7 @@ def prepare(
     if world_size is None:
         dist = torch.distributed
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    config = mp.resolve_precision(config, device if device is not None else model_device(model))
     if backend == "auto":
         use_deepspeed = config.zero_stage > 0 and world_size > 1 and deepspeed_available()
         backend = "deepspeed" if use_deepspeed else "torch"
@@ -115,8 +122,8 @@ def prepare(
         warn_at_caller(
             f"activation checkpointing is off: {type(target).__name__} has no known block sequence "
             f"(supported: {'; '.join(SUPPORTED_MODELS)}). To turn it on, list the repeated blocks the "
-            "forward calls back to back: model.checkpoint_blocks = model.transformer.h (or any list of "
-            "them).")
+            "forward calls back to back, as a plain list: model.checkpoint_blocks = list(model.transformer.h) (a "
+            "list adds no second owner of their parameters to the state_dict).")
         config = config.replace(checkpointing=None)
     if config.checkpointing is not None:
         apply_activation_checkpointing(target, segments=config.checkpointing, policy=config.checkpoint_policy)
@@ -141,5 +148,6 @@ def prepare(
     return engine_class(
         model, optimizer, config,
         total_samples=total_samples, micro_batch_size=micro_batch_size,
-        device=device, world_size=world_size, total_steps=total_steps, warmup_steps=warmup_steps, min_lr=min_lr,
+        device=device, world_size=world_size, total_steps=total_steps, warmup_steps=warmup_steps,
+        warmup_samples=warmup_samples, min_lr=min_lr,
     )

@@ -64,6 +64,8 @@ class OptimizationConfig:
     """
 
     name: str = "custom"
+    # "fp32", "fp16" (with dynamic loss scaling), "bf16", or "auto": resolved by prepare() to the
+    # fastest the device computes natively (`precision.choose_precision`), the choice said once
     precision: str = "fp32"
     # accumulation (eqs. 4-9)
     k: int = 1
@@ -79,7 +81,7 @@ class OptimizationConfig:
     min_lr_ratio: float = 0.1
     lr_scaling: bool = False
     base_batch_size: int | None = None
-    clip_norm: float | None = None
+    clip_norm: float | None = None  # the global gradient L2 norm clipped to; None or 0: no clipping
     # memory
     checkpointing: Checkpointing = None
     # "full": a segment keeps only its input and recomputes everything in backward; "selective":
@@ -105,8 +107,9 @@ class OptimizationConfig:
     max_nonfinite_steps: int = 3
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            _fail("precision", self.precision, f"one of {PRECISIONS}")
+        if self.precision not in (*PRECISIONS, "auto"):
+            _fail("precision", self.precision, f"one of {PRECISIONS}, or 'auto' (the fastest this device computes "
+                  "natively: precision.choose_precision)")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             _fail("k", self.k, "an integer >= 1")
         for name in ("k_min", "k_max"):
@@ -133,8 +136,13 @@ class OptimizationConfig:
             _fail("min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
         if self.base_batch_size is not None and (not isinstance(self.base_batch_size, int) or self.base_batch_size < 1):
             _fail("base_batch_size", self.base_batch_size, "None or an integer >= 1")
-        if self.clip_norm is not None and not (self.clip_norm > 0 and math.isfinite(self.clip_norm)):
-            _fail("clip_norm", self.clip_norm, "None (no clipping) or a finite number > 0")
+        if (self.clip_norm is not None and not isinstance(self.clip_norm, bool) and isinstance(self.clip_norm, (int, float))
+                and self.clip_norm == 0):
+            object.__setattr__(self, "clip_norm", None)  # scripts write 0 for "off": the same configuration
+        if self.clip_norm is not None and not (isinstance(self.clip_norm, (int, float)) and not isinstance(self.clip_norm, bool)
+                                               and self.clip_norm > 0 and math.isfinite(self.clip_norm)):
+            _fail("clip_norm", self.clip_norm, "None or 0 (no clipping) or a finite number > 0 (the global L2 norm "
+                  "gradients are clipped to)")
         cp = self.checkpointing
         if not (cp is None or cp == "sqrt" or (isinstance(cp, int) and not isinstance(cp, bool) and cp >= 1)):
             _fail("checkpointing", cp, "None, 'sqrt' or an integer number of segments >= 1")

@@ -48,14 +48,16 @@ class TrainingEngine:
         world_size: int = 1,
         total_steps: int | None = None,
         warmup_steps: int | None = None,
+        warmup_samples: int | None = None,
         min_lr: float | None = None,
     ):
         if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
             raise ValueError(f"micro_batch_size={micro_batch_size!r} is invalid: allowed an integer >= 1")
         self.model = model
         self.optimizer = optimizer
-        self.config = config
-        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.device = torch.device(device) if device is not None else model_device(model)
+        # precision "auto" becomes what it chose here (prepare() has resolved it already)
+        self.config = config = config if config.precision != "auto" else mp.resolve_precision(config, self.device)
         self.world_size = world_size
         config.validate_for_run(device=self.device, world_size=world_size)
         self.micro_batch_size = micro_batch_size
@@ -66,7 +68,7 @@ class TrainingEngine:
         # over samples (eqs. 10-11 as the paper states them) or, given total_steps, over optimizer steps
         self.schedule = make_schedule(config, base_batch_size=base_batch, base_lr=self.base_lrs[0],
                                       total_samples=total_samples, total_steps=total_steps,
-                                      warmup_steps=warmup_steps, min_lr=min_lr)
+                                      warmup_steps=warmup_steps, warmup_samples=warmup_samples, min_lr=min_lr)
         self.total_samples, self.total_steps = total_samples, total_steps
         self.scaler = mp.make_grad_scaler(self.device, config)
         self.monitor = GradientNoiseMonitor(self.parameters, window=config.noise_window) if config.adaptive else None
@@ -101,6 +103,8 @@ class TrainingEngine:
         # whether every micro-batch loss of this step was finite (on the device: read once, at the step)
         self._losses_finite: torch.Tensor | None = None
         self.consecutive_nonfinite_losses = 0
+        # whether load_state_dict() or start_at() placed the run (a resumed optimizer without it warns)
+        self._position_restored = False
         self._loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
         # the LR the first step will use, so `engine.lr` is meaningful before any step
         self._apply_lr(micro_batch_size * self.k * world_size, self.effective_batch_size)
@@ -131,7 +135,9 @@ class TrainingEngine:
         """Whether training has reached its end: `total_samples` samples consumed or `total_steps`
         optimizer steps taken (default: the schedule's horizon given to prepare()). With adaptive
         k a loop that stops after a fixed number of iterations drifts from the schedule; stop on
-        this instead."""
+        this instead. Steps are counted, not indexed: a script whose loop runs
+        ``while iter_num <= max_iters`` takes max_iters + 1 steps, so it stops on
+        ``done(total_steps=max_iters + 1)``."""
         if total_samples is None and total_steps is None:
             total_samples, total_steps = self.total_samples, self.total_steps
         if total_samples is not None and self.samples_consumed >= total_samples:
@@ -248,6 +254,8 @@ class TrainingEngine:
         include the step that raised."""
         if self._micro_index < self.k:
             return False
+        if self.optimizer_steps == 0 and not self._position_restored and self.optimizer.state:
+            self._warn_resumed_without_position()
         # item counts given as tensors are read here: one device sync per optimizer step
         self._step_items, self._expected_items = float(self._step_items), float(self._expected_items)
         if not (self._step_items > 0 and math.isfinite(self._step_items)):
@@ -317,7 +325,32 @@ class TrainingEngine:
             f"its gradients were finite), {consecutive} consecutive step(s) skipped; allowed at most "
             f"OptimizationConfig.max_nonfinite_steps={self.config.max_nonfinite_steps} in a row. {mp.NON_FINITE_CAUSES}.")
 
+    def start_at(self, *, steps: int, samples: int | None = None) -> None:
+        """Place a run resumed from a checkpoint that holds no engine state (one saved before
+        adopting trainopt, which knows only its iteration number): the next optimizer step is
+        step `steps` (counted from 0, so a script's ``iter_num``), with `samples` samples
+        (sequences, images) consumed before it -- default ``steps`` × the effective batch in
+        samples. The LR schedule, `done()` and `every()` go on from there. Call it after loading
+        the model and optimizer, before the first backward."""
+        for name, value in (("steps", steps), ("samples", samples)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 0")
+        if self._micro_index:
+            raise RuntimeError(f"engine.start_at() after {self._micro_index} of {self.k} micro-batches: allowed only "
+                               "between optimizer steps, before the first backward of the resumed run")
+        self.optimizer_steps = steps
+        self.samples_consumed = steps * self.effective_batch_size if samples is None else samples
+        self._apply_lr(self.samples_consumed + self.effective_batch_size, self.effective_batch_size)
+        self._position_restored = True
+
     # ------------------------------------------------------------------ internals
+    def _warn_resumed_without_position(self) -> None:
+        warn_at_caller(
+            f"the optimizer holds state ({len(self.optimizer.state)} parameters' moments: a resumed optimizer?) but "
+            "the engine starts at step 0: its LR schedule restarts its warmup and its sample count from 0. Resume "
+            "the engine too: save engine.state_dict() in your checkpoint and call engine.load_state_dict() before "
+            "the first step, or -- for a checkpoint saved before adopting trainopt -- engine.start_at(steps=iter_num).")
+
     def _note_loss(self, loss: torch.Tensor) -> None:
         """Keeps, on the device, whether this step's micro-batch losses were all finite."""
         finite = torch.isfinite(loss.detach()).all()
@@ -353,9 +386,16 @@ class TrainingEngine:
     @property
     def lr(self) -> float:
         """The LR (of the first parameter group) the latest optimizer step used; before the
-        first step, the LR the first step will use. (A loop that logs "the LR of step it" before
-        taking it reads this after that step.)"""
+        first step, the LR the first step will use. A loop that logs "the LR of iteration it"
+        before taking that step wants `next_lr`."""
         return self.optimizer.param_groups[0]["lr"]
+
+    @property
+    def next_lr(self) -> float:
+        """The LR (first parameter group) the next optimizer step will use, with full micro-batches
+        at the current k: what a per-iteration loop computes before its step."""
+        batch = self.micro_batch_size * self.k * self.world_size
+        return self.base_lrs[0] * self._multiplier(self.samples_consumed + batch, batch)
 
     @property
     def loss_scale(self) -> float:
@@ -394,7 +434,6 @@ class TrainingEngine:
           ``noise_significant``, ``k_reason``, ``sigma_target``."""
         noise = self.noise
         next_batch = self.micro_batch_size * self.k * self.world_size
-        next_multiplier = self._multiplier(self.samples_consumed + next_batch, next_batch)
         return {
             "optimizer_steps": self.optimizer_steps,
             "samples_consumed": self.samples_consumed,
@@ -404,7 +443,7 @@ class TrainingEngine:
             "last_grad_norm": self.last_grad_norm,
             "next_k_micro_batches": self.k,
             "next_effective_batch_samples": next_batch,
-            "next_lr": self.base_lrs[0] * next_multiplier,
+            "next_lr": self.next_lr,
             "loss_scale": self.loss_scale,
             "sigma_sq": None if noise is None else noise.sigma_sq,
             "grad_sq": None if noise is None else noise.grad_sq,
@@ -497,6 +536,7 @@ class TrainingEngine:
             self.scaler.load_state_dict(state["scaler"])
         if self.monitor is not None and state["monitor"] is not None:
             self.monitor.load_state_dict(state["monitor"])
+        self._position_restored = True
         self._set_grad_sync()
 
     def close(self) -> None:
@@ -504,7 +544,7 @@ class TrainingEngine:
             self.monitor.remove()
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 
 import torch
 
@@ -70,14 +71,70 @@ def tf32_allowed():
             torch.backends.cudnn.allow_tf32 = False
 
 
+def choose_precision(device: torch.device | str) -> tuple[str, str]:
+    """What ``precision="auto"`` runs on `device`, and why: bf16 where the device computes it
+    natively (CUDA GPUs from Ampere on; CPUs with AVX-512 BF16 or AMX), fp16 with dynamic loss
+    scaling on CUDA GPUs without bf16, else fp32 (bf16 autocast on a CPU without bf16
+    instructions is emulated, several times slower than fp32; fp16 autocast is slow on any CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bf16", f"{name} computes bf16 natively"
+        return "fp16", f"{name} has no native bf16; fp16 with dynamic loss scaling instead"
+    if device.type == "cpu":
+        if _cpu_bf16_native():
+            return "bf16", "this CPU has bf16 instructions (AVX-512 BF16 or AMX)"
+        return "fp32", f"this CPU has no bf16 instructions ({_cpu_isa()}): {CPU_WITHOUT_BF16}"
+    return "fp32", f"no reduced precision known to be faster on {device.type}"
+
+
+CPU_WITHOUT_BF16 = ("bf16 autocast would be emulated, several times slower than fp32, and fp16 autocast is "
+                    "slow on any CPU")
+_announced: set[tuple[str, str]] = set()
+
+
+def resolve_precision(config: OptimizationConfig, device: torch.device | str) -> OptimizationConfig:
+    """`config` with ``precision="auto"`` replaced by `choose_precision`'s choice (said once per
+    process and choice, on stderr), or as it is -- with a warning at the caller's line when the
+    explicit choice runs slower than another on this device: bf16 on a CPU without bf16
+    instructions (emulated), fp16 on any CPU."""
+    device = torch.device(device)
+    if config.precision == "auto":
+        chosen, reason = choose_precision(device)
+        if (device.type, chosen) not in _announced:
+            _announced.add((device.type, chosen))
+            print(f"[trainopt] precision='auto' -> {chosen!r} on {device.type}: {reason}", file=sys.stderr)
+        return config.replace(precision=chosen)
+    if device.type == "cpu" and config.precision in ("fp16", "bf16"):
+        faster = "bf16" if _cpu_bf16_native() else "fp32"
+        if config.precision == "fp16":
+            warn_at_caller(
+                f"fp16 autocast on CPU runs but is slow (emulated, with a loss scaler); {faster} is faster on this "
+                f"CPU ({_cpu_isa()}): OptimizationConfig.replace(precision={faster!r}), or precision='auto'.")
+        elif faster == "fp32":
+            warn_at_caller(
+                f"bf16 autocast on this CPU ({_cpu_isa()}, no AVX-512 BF16 or AMX) is emulated and runs several "
+                "times slower than fp32: OptimizationConfig.replace(precision='fp32'), or precision='auto'.")
+    return config
+
+
+def _cpu_bf16_native() -> bool:
+    from .measure.manifest import cpu_computes_bf16_natively  # measure imports this package's modules
+
+    return cpu_computes_bf16_natively()
+
+
+def _cpu_isa() -> str:
+    from .measure.manifest import cpu_isa
+
+    return cpu_isa()
+
+
 def make_grad_scaler(device: torch.device, config: OptimizationConfig) -> torch.amp.GradScaler | None:
     """Dynamic loss scaling for fp16; None for fp32/bf16 (bf16 has fp32's exponent range)."""
     if config.precision != "fp16":
         return None
-    if device.type == "cpu":
-        warn_at_caller(
-            "fp16 autocast on CPU runs but is slow; bf16 is the fast reduced precision on CPU "
-            "(OptimizationConfig.replace(precision='bf16')).")
     return torch.amp.GradScaler(
         device.type,
         init_scale=config.initial_loss_scale,

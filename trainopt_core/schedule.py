@@ -119,12 +119,13 @@ class StepLRSchedule:
 
 def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples: int | None = None,
                   total_steps: int | None = None, warmup_steps: int | None = None,
-                  min_lr: float | None = None) -> LRSchedule | StepLRSchedule:
+                  warmup_samples: int | None = None, min_lr: float | None = None) -> LRSchedule | StepLRSchedule:
     """The configuration's schedule over `total_samples` samples, or -- given `total_steps` --
-    over optimizer steps: warmup over `warmup_steps` (default: the configuration's
-    warmup_fraction of total_steps), cosine to `min_lr` (an LR value; default: the
-    configuration's min_lr_ratio × the first group's base LR) at step `total_steps`."""
-    if total_samples is None and total_steps is None and config.schedule == "constant" and not warmup_steps:
+    over optimizer steps. One vocabulary for both: the horizon (`total_samples` | `total_steps`),
+    the warmup in the same unit (`warmup_samples` | `warmup_steps`; default: the configuration's
+    warmup_fraction of the horizon) and `min_lr`, the LR value the cosine ends at (default: the
+    configuration's min_lr_ratio × the first group's base LR)."""
+    if total_samples is None and total_steps is None and config.schedule == "constant" and not (warmup_steps or warmup_samples):
         # a constant LR has no horizon to state; decay_steps is never read by its shape
         return StepLRSchedule(decay_steps=1, kind="constant", lr_scaling=config.lr_scaling,
                               base_batch_size=base_batch_size)
@@ -135,24 +136,44 @@ def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples
     if total_samples is not None:
         if isinstance(total_samples, bool) or not isinstance(total_samples, int) or total_samples < 1:
             raise ValueError(f"total_samples={total_samples!r} is invalid: allowed an integer >= 1")
-        if warmup_steps is not None or min_lr is not None:
-            raise ValueError("warmup_steps / min_lr are invalid with total_samples: allowed with total_steps "
-                             "(a sample-based schedule takes OptimizationConfig.warmup_fraction and min_lr_ratio)")
-        return LRSchedule(total_samples=total_samples, kind=config.schedule, warmup_fraction=config.warmup_fraction,
-                          min_lr_ratio=config.min_lr_ratio, lr_scaling=config.lr_scaling, base_batch_size=base_batch_size)
-    if config.schedule == "constant" and (warmup_steps or min_lr is not None):
-        raise ValueError(f"warmup_steps={warmup_steps!r}, min_lr={min_lr!r} are invalid with "
-                         "OptimizationConfig.schedule='constant': allowed with schedule='cosine'")
+        if warmup_steps is not None:
+            raise ValueError(f"warmup_steps={warmup_steps!r} is invalid with total_samples: allowed warmup_samples "
+                             "(the warmup in the horizon's unit), or total_steps with warmup_steps")
+        fraction = config.warmup_fraction
+        if warmup_samples is not None:
+            if (isinstance(warmup_samples, bool) or not isinstance(warmup_samples, int)
+                    or not 0 <= warmup_samples < total_samples):
+                raise ValueError(f"warmup_samples={warmup_samples!r} is invalid: allowed an integer in [0, total_samples) "
+                                 f"= [0, {total_samples})")
+            fraction = warmup_samples / total_samples
+        _constant_takes_no_shape(config, warmup_samples, min_lr, "warmup_samples")
+        return LRSchedule(total_samples=total_samples, kind=config.schedule, warmup_fraction=fraction,
+                          min_lr_ratio=_min_lr_ratio(config, min_lr, base_lr), lr_scaling=config.lr_scaling,
+                          base_batch_size=base_batch_size)
+    if warmup_samples is not None:
+        raise ValueError(f"warmup_samples={warmup_samples!r} is invalid with total_steps: allowed warmup_steps "
+                         "(the warmup in the horizon's unit), or total_samples with warmup_samples")
+    _constant_takes_no_shape(config, warmup_steps, min_lr, "warmup_steps")
     if warmup_steps is None:
         warmup_steps = int(round(config.warmup_fraction * total_steps)) if isinstance(total_steps, int) else 0
-    if min_lr is None:
-        ratio = config.min_lr_ratio
-    else:
-        if not 0.0 <= min_lr <= base_lr:
-            raise ValueError(f"min_lr={min_lr!r} is invalid: allowed an LR in [0, base LR = {base_lr!r}]")
-        ratio = min_lr / base_lr if base_lr > 0 else 0.0
+    ratio = _min_lr_ratio(config, min_lr, base_lr)
     return StepLRSchedule(decay_steps=total_steps, kind=config.schedule, warmup_steps=warmup_steps, min_lr_ratio=ratio,
                           lr_scaling=config.lr_scaling, base_batch_size=base_batch_size)
+
+
+def _constant_takes_no_shape(config, warmup, min_lr, warmup_name: str) -> None:
+    if config.schedule == "constant" and (warmup or min_lr is not None):
+        raise ValueError(f"{warmup_name}={warmup!r}, min_lr={min_lr!r} are invalid with "
+                         "OptimizationConfig.schedule='constant': allowed with schedule='cosine'")
+
+
+def _min_lr_ratio(config, min_lr: float | None, base_lr: float) -> float:
+    """`min_lr` (an LR value) as a fraction of the base LR; default the configuration's min_lr_ratio."""
+    if min_lr is None:
+        return config.min_lr_ratio
+    if not 0.0 <= min_lr <= base_lr:
+        raise ValueError(f"min_lr={min_lr!r} is invalid: allowed an LR in [0, base LR = {base_lr!r}]")
+    return min_lr / base_lr if base_lr > 0 else 0.0
 
 
 def remember_base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:

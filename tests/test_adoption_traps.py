@@ -1,0 +1,213 @@
+"""The traps a script adopting trainopt fell into: resume without the engine's position,
+emulated precisions, units and off-by-ones, and registering a model's blocks."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import trainopt_core.measure.manifest as manifest
+from trainopt_core import OptimizationConfig, prepare
+from trainopt_core import precision as mp
+from trainopt_core.checkpointing import checkpoint_plan
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def _train(model, engine, steps, *, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    batches = [(torch.randn(4, 8, generator=generator), torch.randint(0, 2, (4,), generator=generator))
+               for _ in range(64)]
+    lrs = []
+    while engine.optimizer_steps < steps:
+        for _ in engine.micro_steps():
+            x, y = batches[(engine.optimizer_steps * engine.k + _) % len(batches)]
+            with engine.autocast():
+                loss = nn.functional.cross_entropy(model(x), y)
+            engine.backward(loss)
+            if engine.step():
+                lrs.append(engine.lr)
+    return lrs
+
+
+# ---------------------------------------------------------------- resume
+SCHEDULE = dict(total_steps=10, warmup_steps=3, min_lr=0.01)
+COSINE = OptimizationConfig(k=2, schedule="cosine", clip_norm=1.0)
+
+
+def test_a_resumed_optimizer_without_the_engines_position_warns_at_the_first_step():
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    engine = prepare(model, optimizer, COSINE, micro_batch_size=4, **SCHEDULE)
+    _train(model, engine, 4)
+    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "engine": engine.state_dict()}
+
+    def resumed(restore):
+        model = _mlp()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        engine = prepare(model, optimizer, COSINE, micro_batch_size=4, **SCHEDULE)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        restore(engine)
+        return model, engine
+
+    model, engine = resumed(lambda engine: None)
+    with pytest.warns(UserWarning, match=r"optimizer holds state .* engine starts at step 0.*engine.load_state_dict"
+                                         r".*engine.start_at\(steps=iter_num\)") as caught:
+        _train(model, engine, 1)
+    assert [w.filename for w in caught] == [__file__]  # the caller's line
+    for restore in (lambda engine: engine.load_state_dict(saved["engine"]), lambda engine: engine.start_at(steps=4)):
+        model, engine = resumed(restore)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _train(model, engine, 6)
+    # a fresh optimizer has no state: no warning
+    model = _mlp()
+    engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1), COSINE, micro_batch_size=4, **SCHEDULE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _train(model, engine, 2)
+
+
+@pytest.mark.parametrize("horizon", ["steps", "samples"])
+def test_a_checkpoint_saved_before_adoption_continues_on_schedule_with_start_at(horizon):
+    schedule = SCHEDULE if horizon == "steps" else dict(total_samples=80, warmup_samples=24, min_lr=0.01)
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    engine = prepare(model, optimizer, COSINE, micro_batch_size=4, **schedule)
+    whole = _train(model, engine, 10)
+    whole_weights = [p.detach().clone() for p in model.parameters()]
+
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    engine = prepare(model, optimizer, COSINE, micro_batch_size=4, **schedule)
+    first = _train(model, engine, 6)
+    # the script's own checkpoint: model, optimizer and its iteration number, no engine state
+    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": 6}
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    engine = prepare(model, optimizer, COSINE, micro_batch_size=4, **schedule)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    engine.start_at(steps=saved["iter_num"])
+    assert engine.samples_consumed == 6 * 8 and engine.next_lr == pytest.approx(whole[6], rel=1e-12)
+    rest = _train(model, engine, 10)
+    assert first + rest == whole  # every step's LR, bit for bit
+    for resumed, uninterrupted in zip(model.parameters(), whole_weights):
+        assert torch.equal(resumed, uninterrupted)
+    with pytest.raises(ValueError, match=r"steps=-1 is invalid: allowed an integer >= 0"):
+        engine.start_at(steps=-1)
+
+
+# ---------------------------------------------------------------- precision
+@pytest.mark.parametrize("native", [True, False])
+def test_precision_auto_takes_what_the_cpu_computes_natively_and_says_so_once(native, monkeypatch, capsys):
+    monkeypatch.setattr(manifest, "cpu_computes_bf16_natively", lambda: native)
+    monkeypatch.setattr(mp, "_announced", set())
+    expected = "bf16" if native else "fp32"
+    for _ in range(2):
+        model = _mlp()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(precision="auto"),
+                             micro_batch_size=4)
+        assert engine.config.precision == expected
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and f"precision='auto' -> '{expected}' on cpu" in said[0]
+    assert ("no bf16 instructions" in said[0]) == (not native)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_an_explicit_precision_slower_than_another_on_this_cpu_warns_naming_the_faster_one(native, monkeypatch):
+    monkeypatch.setattr(manifest, "cpu_computes_bf16_natively", lambda: native)
+    faster = "bf16" if native else "fp32"
+    model = _mlp()
+    with pytest.warns(UserWarning, match=rf"fp16 autocast on CPU runs but is slow.*{faster} is faster") as caught:
+        prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(precision="fp16"),
+                micro_batch_size=4)
+    assert [w.filename for w in caught] == [__file__]
+    if native:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(precision="bf16"),
+                    micro_batch_size=4)
+    else:
+        with pytest.warns(UserWarning, match=r"bf16 autocast on this CPU .* is emulated.*precision='fp32'"):
+            prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(precision="bf16"),
+                    micro_batch_size=4)
+
+
+def test_precision_auto_on_a_cuda_device_without_native_bf16_takes_fp16(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    assert mp.choose_precision("cuda")[0] == "fp16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert mp.choose_precision("cuda") == ("bf16", "Tesla T4 computes bf16 natively")
+
+
+# ---------------------------------------------------------------- units and off-by-ones
+def test_clip_norm_zero_means_no_clipping_as_scripts_write_it():
+    off = OptimizationConfig(clip_norm=0.0)
+    assert off.clip_norm is None and OptimizationConfig(clip_norm=0).clip_norm is None
+    assert off.config_hash() == OptimizationConfig().config_hash()
+
+
+def test_one_schedule_vocabulary_warmup_and_min_lr_in_samples_as_in_steps():
+    model = _mlp()
+    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(schedule="cosine"),
+                     micro_batch_size=4, total_samples=100, warmup_samples=20, min_lr=0.02)
+    lrs = _train(model, engine, 25)
+    for step, lr in enumerate(lrs):  # the samples consumed once the step is taken
+        s = 4 * (step + 1)
+        expected = 0.1 * s / 20 if s <= 20 else 0.02 + 0.08 * 0.5 * (1 + math.cos(math.pi * (s - 20) / 80))
+        assert lr == pytest.approx(expected, rel=1e-12)
+
+
+def test_lr_is_the_last_steps_and_next_lr_the_next_one_a_per_iteration_loop_logs():
+    model = _mlp()
+    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), COSINE, micro_batch_size=4, **SCHEDULE)
+    for _ in range(5):
+        logged = engine.next_lr  # what `lr = get_lr(iter_num)` gives before the step
+        _train(model, engine, engine.optimizer_steps + 1)
+        assert engine.lr == logged and engine.stats()["last_lr"] == logged
+        assert engine.stats()["next_lr"] == engine.next_lr
+
+
+def test_an_iteration_based_loop_to_max_iters_inclusive_stops_on_done_of_max_iters_plus_one():
+    max_iters = 7
+    model = _mlp()
+    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(), micro_batch_size=4)
+    iterations = 0
+    while not engine.done(total_steps=max_iters + 1):  # the script's `while iter_num <= max_iters`
+        _train(model, engine, engine.optimizer_steps + 1)
+        iterations += 1
+    assert iterations == max_iters + 1 == len(range(0, max_iters + 1))
+
+
+# ---------------------------------------------------------------- blocks
+class _Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.h = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(4))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        for block in self.h:
+            x = block(x)
+        return self.head(x)
+
+
+def test_checkpoint_blocks_as_a_plain_list_adds_no_second_owner_wherever_the_line_goes():
+    model = _Blocks()
+    keys = list(model.state_dict())
+    model.checkpoint_blocks = list(model.h)  # the form the docs and the warning give
+    assert list(model.state_dict()) == keys and sum(1 for _ in model.parameters()) == 10
+    prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(checkpointing="sqrt"),
+            micro_batch_size=4)
+    assert list(model.state_dict()) == keys and checkpoint_plan(model) is not None
