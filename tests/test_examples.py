@@ -226,19 +226,35 @@ def test_the_readme_table_lists_every_feature_example_with_the_statements_it_add
     assert measured == table
 
 
-def adoption_diff() -> str:
-    """gpt_loop.py -> gpt_loop_trainopt.py as `diff -u` shows it, below the module docstrings."""
-    def code(name: str) -> list[str]:
-        text = (EXAMPLES / name).read_text()
-        return text[text.index('"""', 3) + 4:].splitlines(keepends=True)
-
-    return "".join(difflib.unified_diff(code("gpt_loop.py"), code("gpt_loop_trainopt.py"),
-                                        "examples/gpt_loop.py", "examples/gpt_loop_trainopt.py", n=1))
+def code(name: str) -> list[str]:
+    """examples/`name`'s lines below its module docstring."""
+    text = (EXAMPLES / name).read_text()
+    return text[text.index('"""', 3) + 4:].splitlines(keepends=True)
 
 
-def test_the_readme_shows_the_adoption_diff_as_it_is():
-    shown = re.search(r"```diff\n(.*?)```", (EXAMPLES / "README.md").read_text(), flags=re.DOTALL)
-    assert shown is not None and shown.group(1) == adoption_diff()
+def adoption_diff(original: str, adopted: str) -> str:
+    """`original` -> `adopted` (examples/ scripts) as `diff -u` shows it, below the module docstrings."""
+    return "".join(difflib.unified_diff(code(original), code(adopted), f"examples/{original}",
+                                        f"examples/{adopted}", n=1))
+
+
+def test_the_readme_shows_the_adoption_diffs_as_they_are():
+    shown = re.findall(r"```diff\n(.*?)```", (EXAMPLES / "README.md").read_text(), flags=re.DOTALL)
+    assert shown == [adoption_diff("gpt_loop.py", "gpt_loop_trainopt.py"),
+                     adoption_diff("char_gpt.py", "char_gpt_trainopt.py")]
+
+
+def test_the_main_readmes_checkpoint_lines_are_the_adopted_scripts():
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"resumes bit for bit:\n\n```diff\n(.*?)```", readme, flags=re.DOTALL).group(1)
+    original = {line.rstrip() for line in code("char_gpt.py")}
+    adopted = {line.rstrip() for line in code("char_gpt_trainopt.py")}
+    for line in shown.splitlines():
+        mark, text = line[:1], line[1:].rstrip()
+        if text.strip() == "...":
+            continue
+        assert mark in "+- ", line
+        assert (mark == "+" or text in original) and (mark == "-" or text in adopted), line
 
 
 def test_the_line_count_counts_what_it_should():
@@ -247,3 +263,44 @@ def test_the_line_count_counts_what_it_should():
                "for i in range(4):\n    if i:\n        y = i\n    z = f(a,\n          b)\n")
     # range(4) (a changed header), if i: and z = f(...) (two lines, one statement); y = i only re-indented
     assert added_statements(original, adopted) == (3, 4)
+
+
+# ---------------------------------------------------------------- a third-party-style script
+CHAR_GPT = ("--eval-interval", "4", "--eval-iters", "2", "--warmup-iters", "3", "--lr-decay-iters", "12",
+            "--dtype", "float32")
+
+
+def char_gpt(name: str, out_dir: Path, max_iters: int, *args: str) -> dict:
+    """Run examples/`name` (char_gpt.py or its adopted twin) to iteration `max_iters` with its
+    checkpoints in `out_dir`; returns its log (each iteration's loss, each evaluation)."""
+    log = out_dir.parent / f"{out_dir.name}-{name}-{max_iters}.json"
+    run_example(name, *CHAR_GPT, "--max-iters", str(max_iters), "--out-dir", str(out_dir), "--log", str(log), *args)
+    return json.loads(log.read_text())
+
+
+def test_a_third_party_script_adopted_the_readmes_way_keeps_its_fp32_losses(tmp_path, capsys):
+    original = char_gpt("char_gpt.py", tmp_path / "original", 12)
+    adopted = char_gpt("char_gpt_trainopt.py", tmp_path / "adopted", 12)
+    assert original["iters"] == adopted["iters"] == list(range(13))  # iter_num 0..max_iters, as the script counts
+    # the same to fp32 rounding: the engine's LR (base x factor) and the script's formula differ in the last bit
+    assert max(abs(a - b) for a, b in zip(original["losses"], adopted["losses"])) < 1e-5
+    assert [e[0] for e in original["evals"]] == [e[0] for e in adopted["evals"]]
+    assert max(abs(a[1] - b[1]) for a, b in zip(original["evals"], adopted["evals"])) < 1e-5
+    assert adopted["losses"][-1] < adopted["losses"][0] - 0.5  # it learns
+
+
+def test_the_adopted_script_resumes_bit_for_bit_and_the_original_does_not(tmp_path, capsys):
+    def weights(out_dir):
+        return torch.load(out_dir / "ckpt.pt", weights_only=True)["model"]
+
+    for name in ("char_gpt_trainopt.py", "char_gpt.py"):
+        whole = char_gpt(name, tmp_path / f"whole-{name}", 12)
+        char_gpt(name, tmp_path / f"parts-{name}", 8)  # stopped after iteration 8; its checkpoint is at 8
+        rest = char_gpt(name, tmp_path / f"parts-{name}", 12, "--init-from", "resume")
+        assert rest["iters"] == list(range(8, 13))
+        same = rest["losses"] == whole["losses"][8:] and rest["evals"] == whole["evals"][2:]
+        same_weights = all(torch.equal(a, b) for a, b in zip(weights(tmp_path / f"whole-{name}").values(),
+                                                            weights(tmp_path / f"parts-{name}").values()))
+        # the adopted script's checkpoint carries the engine, the generators and the prefetched
+        # batch; the original's own resume draws another batch and other dropout masks
+        assert same == same_weights == (name == "char_gpt_trainopt.py"), name
