@@ -62,3 +62,30 @@ def test_readme_plan_example_runs_and_prepares_the_chosen_configuration():
              "assert 'Chose' in result.explain() and len(result.frame()) >= 4\n")
     result = subprocess.run([sys.executable, "-c", setup + snippet + check], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_readme_plan_example_for_a_script_keeps_the_scripts_configuration():
+    snippet = re.search(r"```python\n(result = trainopt_core\.plan\(model, lambda m: .*?)```", README.read_text(),
+                        re.S).group(1)
+    setup = (
+        "import torch, trainopt_core\n"
+        "torch.manual_seed(0)\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))\n"
+        "    def forward(self, x, targets=None):\n"
+        "        logits = self.net(x)\n"
+        "        return logits, torch.nn.functional.cross_entropy(logits, targets)\n"
+        "    def configure_optimizers(self, weight_decay, learning_rate, betas):\n"
+        "        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)\n"
+        "model = Model()\n"
+        "weight_decay, learning_rate, betas, max_iters, warmup_iters, min_lr = 0.1, 1e-3, (0.9, 0.95), 20, 2, 1e-4\n"
+        "optimizer = model.configure_optimizers(weight_decay, learning_rate, betas)\n"
+        "config = trainopt_core.OptimizationConfig(k=2, schedule='cosine', clip_norm=1.0)\n"
+        "x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))\n"
+    )
+    check = ("assert (engine.config.schedule, engine.config.clip_norm) == ('cosine', 1.0), engine.config\n"
+             "assert any(row.get('yours') for row in result.rows)\n")
+    result = subprocess.run([sys.executable, "-c", setup + snippet + check], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

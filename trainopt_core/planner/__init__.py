@@ -71,10 +71,12 @@ from .choice import check_weights, choose, helps, over_run, pareto_front
 from .memory_model import predict, zero_saving_bytes
 from .result import Plan
 from .search import CPU_TIMING, Search
-from .space import (COMPILE_ON_CPU, Candidate, candidate_of, changes_between, checkpointed_twins,
+from .space import (COMPILE_ON_CPU, Candidate, base_candidate, candidate_of, changes_between, checkpointed_twins,
+                    configured,
                     fewest_splits_that_fit, native_reduced_precisions, precision_splits, speed_option_changes, splits,
                     zero_twins)
 from ..compose import deepspeed_available
+from ..config import OptimizationConfig
 
 MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
 MAX_ZERO = 4              # ZeRO candidates measured at most (the best's twins first)
@@ -93,11 +95,18 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
          ks: Sequence[int] | None = None, speed_options: bool = True, try_compile: bool | None = None,
          adaptive_accumulation: bool = False, k_max: int = 8, run_samples: int | None = None,
          windows: int | None = None, steps_per_window: int | None = None, planning_memory_bytes: float | None = None,
-         progress: bool = False) -> Plan:
+         progress: bool = False, base: OptimizationConfig | None = None, optimizer_takes_model: bool = False) -> Plan:
     """Measure candidate configurations on `batch` and choose one (module docstring).
 
     `model` is left untouched (each candidate runs on a copy). `optimizer_factory(parameters)`
-    builds the optimizer. `batch` is (inputs..., targets), its first dimension the effective batch
+    builds the optimizer -- or, with `optimizer_takes_model`, `optimizer_factory(model)` (a
+    model's own ``configure_optimizers(...)``, say). `base`: the caller's configuration. It is
+    measured among the candidates, kept unless a candidate's eq. 3 cost interval lies wholly
+    below its own (a tie keeps it; it is rejected as slower than fp32 only when its whole
+    speedup interval is), and the returned configuration is `base` with only what the plan
+    chooses replaced (precision, split, checkpointing, speed options; the ZeRO stage on more
+    than one process): its LR schedule, warmup, clipping and loss scaling stay. Its k splits
+    `batch`, which is then the script's effective batch (micro-batch × k). `batch` is (inputs..., targets), its first dimension the effective batch
     size; `loss_fn(model_output, targets)` returns the mean loss -- or, with `loss_takes_model`,
     `loss_fn(model, *micro_batch)` runs the model itself and returns the mean loss or (mean loss,
     items it averages) (a Hugging Face model called with labels, say). `memory_budget_bytes`: peak
@@ -142,6 +151,11 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     k = 1 is timed as steps of two micro-batches of its size, to tell the all-reduce apart).
     """
     started = time.perf_counter()
+    if base is not None and not isinstance(base, OptimizationConfig):
+        fail("base", type(base).__name__, "None or an OptimizationConfig (the script's own configuration)")
+    if base is not None and base.adaptive and not adaptive_accumulation:
+        fail("base", "an OptimizationConfig with adaptive=True", "with adaptive_accumulation=True (k is then chosen "
+             "by goodput), or a base with adaptive=False")
     if not batch or len(batch) < (1 if loss_takes_model else 2) or not all(isinstance(t, torch.Tensor) for t in batch):
         fail("batch", type(batch).__name__, "a sequence (inputs..., targets) of tensors (with loss_takes_model, "
              "of at least one tensor)")
@@ -179,7 +193,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if device.type != "cuda":
         windows, steps_per_window = windows or CPU_TIMING[0], steps_per_window or CPU_TIMING[1]
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
-                    progress, loss_takes_model, run_samples, planning_memory_bytes)
+                    progress, loss_takes_model, run_samples, planning_memory_bytes, optimizer_takes_model)
     notes = []
     stage_s, stage_started = {}, started
 
@@ -216,6 +230,11 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     else:
         stage1 = precision_splits(size, device, ks, min_k=min_k)
         first = search.measure_memory(stage1)
+    if base is not None:  # the caller's configuration, timed with the first candidates
+        yours = base_candidate(base, size, search.num_blocks, world, device)
+        if yours not in search.rows:
+            first += search.measure_memory([yours])
+        search.rows[yours]["yours"] = True
     search.time(first)
     tied = search.near_ties(weights=weights, min_k=min_k)
     if tied:  # the speed options build on one of them: more windows for those within the noise first
@@ -298,7 +317,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                          "that compiling a model takes at the least.")
 
         def options_of(c: Candidate) -> list[dict]:
-            return speed_option_changes(c, search.model, search.optimizer_factory, search.device, compile_now)
+            return speed_option_changes(c, search.model, search.optimizer_factory, search.device, compile_now,
+                                        optimizer_takes_model)
 
         options = options_of(best)
         tried = [best.replace(**option) for option in options]
@@ -349,7 +369,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
         raise ValueError(f"{error}; not tried (at most {MAX_CHECKPOINTED} checkpointed candidates are measured): "
                          + "; ".join(c.name for c in never_tried)) from error
     chosen = next(row for row in rows if row.get("chosen"))
-    config, good = candidate_of(chosen).config(), None
+    config, good = configured(candidate_of(chosen), base, world), None
     if config.zero_stage:
         notes.append(f"The chosen configuration runs ZeRO-{config.zero_stage}: build it with prepare(..., "
                      "backend='deepspeed') on the plain module.")
@@ -360,7 +380,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     return Plan(config=config, chosen=chosen, baseline=search.rows[Candidate()], rows=rows,
                 memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=time.perf_counter() - started,
                 compile_s=search.compile_s, notes=notes, energy_source=search.energy_source, goodput=good,
-                run_samples=run_samples, stage_s=stage_s)
+                run_samples=run_samples, stage_s=stage_s, base=base,
+                world_size=world)
 
 
 __all__ = ["COMPILE_ON_CPU", "Candidate", "Plan", "native_reduced_precisions", "pareto_front", "plan"]

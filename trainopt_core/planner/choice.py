@@ -78,6 +78,8 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
            run_samples: int | None = None) -> list[str]:
     """Marks the chosen row (eq. 3 among feasible timed rows with k >= `min_k`) and why each
     other measured row lost; returns notes. ValueError when no measured candidate fits the budget.
+    A row marked ``yours`` (the caller's configuration, `plan(base=...)`) is kept unless the best
+    candidate's eq. 3 cost interval lies wholly below its own: a tie keeps the caller's choice.
     With `run_samples`, a compiled row's time is its seconds per sample plus its compile seconds
     spread over the run (`speedup_over_run`): eq. 3's T is the run's time, compiling included."""
     notes = []
@@ -110,7 +112,10 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
              + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
     forced_by_k = False
     if base_fits:
-        slower = [row for row in feasible if row is not base and speed(row) < 1.0]
+        # the caller's own configuration (plan(base=...)) is rejected as slower only when its whole
+        # interval says so: under load a point estimate below 1 is often noise
+        slower = [row for row in feasible if row is not base and speed(row) < 1.0
+                  and not (row.get("yours") and (speed(row, "speedup_ci_high") or 0.0) >= 1.0)]
         if len(slower) == len(feasible):  # only with adaptive accumulation (the baseline is feasible otherwise)
             fastest = max(feasible, key=speed)
             notes.append(f"Every split with k >= {min_k} runs slower than the fp32 baseline: with adaptive "
@@ -142,6 +147,12 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
         if all(end is not None and end > 0 for end in ends):  # the speedup's 95 % interval, as cost
             row["cost_ci_low"], row["cost_ci_high"] = sorted(eq3(row, end) for end in ends)
     best = min(feasible, key=lambda row: row["cost"])
+    yours = next((row for row in feasible if row.get("yours")), None)
+    if yours is not None and yours is not best and cost_intervals_overlap(yours, best):
+        notes.append(f"Kept your configuration ({yours['candidate']}): the lowest-cost candidate, {best['candidate']}, is within "
+                     f"its timing noise (eq. 3 cost intervals {_cost_interval(best)} vs {_cost_interval(yours)} "
+                     "overlap), and a tie keeps yours.")
+        best = yours
     best["chosen"] = True
     within_noise = []
     for row in feasible:

@@ -11,7 +11,7 @@ from ..config import OptimizationConfig
 from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text, smallest_k
 from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval
 from .._errors import fail
-from .space import candidate_of
+from .space import candidate_of, configured
 
 
 @dataclass
@@ -35,6 +35,8 @@ class Plan:
     goodput: dict | None = None  # with adaptive accumulation: the noise scale and k by goodput
     run_samples: int | None = None  # the run's length, over which a compiled candidate's compile time is spread
     stage_s: dict = field(default_factory=dict)  # planning seconds by stage (where planning time goes)
+    base: OptimizationConfig | None = None  # the caller's configuration (plan(base=...)): what `config` keeps
+    world_size: int = 1  # processes planned on
 
     def frame(self):
         import pandas as pd
@@ -77,7 +79,7 @@ class Plan:
                          "with this budget to measure it.")
         chosen = next(row for row in rows if row.get("chosen"))
         baseline = baseline_row(rows)
-        config, good = candidate_of(chosen).config(), None
+        config, good = configured(candidate_of(chosen), self.base, self.world_size), None
         if self.goodput:
             # the same noise scale and optimizer-step time; a micro-batch's time from the newly
             # chosen candidate's timed seconds per sample when it is not the one measured
@@ -95,7 +97,7 @@ class Plan:
         base, best = self.baseline, self.chosen
         budget = "no memory budget" if self.memory_budget_bytes is None else \
             f"a memory budget of {self.memory_budget_bytes / 2**20:.1f} MiB"
-        lines = [f"Chose {best['candidate']} under {budget}, by eq. 3 with weights (time, memory, energy) = "
+        lines = [f"Chose {best['candidate']}{' (yours)' if best.get('yours') else ''} under {budget}, by eq. 3 with weights (time, memory, energy) = "
                  f"{tuple(round(w, 3) for w in self.weights)}:",
                  f"  {best['speedup']:.2f}x the fp32 baseline's samples/s "
                  f"(95 % interval {speedup_interval(best)}), peak memory {best['peak_memory_bytes'] / 2**20:.1f} MiB "
@@ -103,7 +105,7 @@ class Plan:
                  f"  Energy: {self.energy_source or 'not measured'}."]
         for row in self.rows:
             if row["candidate"] != best["candidate"] and row["rejected_because"]:
-                lines.append(f"  {row['candidate']}: {row['rejected_because']}")
+                lines.append(f"  {row['candidate']}{' (yours)' if row.get('yours') else ''}: {row['rejected_because']}")
         lines += [f"  {note}" for note in self.notes]
         if self.goodput:
             lines += ["  " + line for line in explain_goodput(self.goodput)]

@@ -71,9 +71,9 @@ class Search:
     """The measurements one `plan()` call makes: trials, rows, the memory model."""
 
     def __init__(self, model, optimizer_factory, batch, loss_fn, device, budget, windows, steps_per_window, progress,
-                 loss_takes_model, run_samples=None, capacity_bytes=None):
+                 loss_takes_model, run_samples=None, capacity_bytes=None, optimizer_takes_model=False):
         self.model, self.optimizer_factory, self.batch, self.loss_fn = model, optimizer_factory, batch, loss_fn
-        self.loss_takes_model = loss_takes_model
+        self.loss_takes_model, self.optimizer_takes_model = loss_takes_model, optimizer_takes_model
         self.device, self.budget = device, budget
         # None: sized to the baseline's step before the first timing (`timing`)
         self.windows, self.steps_per_window = windows, steps_per_window
@@ -222,7 +222,8 @@ class Search:
         """A new copy of the candidate after one warm-up step (optimizer state allocated, kernels
         chosen or compiled), and that step's seconds; stepping `batch` (default: the probe batch)."""
         trial = Trial(candidate, self.model, self.optimizer_factory, self.batch if batch is None else batch,
-                      self.loss_fn, self.device, self.loss_takes_model, world_size=self.ranks.world_size)
+                      self.loss_fn, self.device, self.loss_takes_model, world_size=self.ranks.world_size,
+                      optimizer_takes_model=self.optimizer_takes_model)
         started = time.perf_counter()
         trial.step()
         return trial, time.perf_counter() - started

@@ -129,12 +129,13 @@ def zero_twins(twin: Candidate) -> list[Candidate]:
 
 
 def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_factory, device: torch.device,
-                         try_compile: bool) -> list[dict]:
+                         try_compile: bool, optimizer_takes_model: bool = False) -> list[dict]:
     """The speed options to try on `best`: the optimizer's fused kernels (foreach where it has
     none), channels-last for a model with convolutions, torch.compile where `try_compile` -- on
     CUDA into CUDA graphs (mode "reduce-overhead") -- (the last two not at a ZeRO stage)."""
     options = []
-    probe = optimizer_factory([torch.nn.Parameter(torch.zeros(1, device=device))])
+    # built, never stepped: only its options are read
+    probe = optimizer_factory(model if optimizer_takes_model else [torch.nn.Parameter(torch.zeros(1, device=device))])
     # the fused kernel where the optimizer has one for this device, else foreach (fused does the
     # same update in fewer passes, so trying both would spend planning time on the slower)
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
@@ -157,6 +158,42 @@ def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_fact
         options.append({"compile": True, "compile_mode": "reduce-overhead"} if device.type == "cuda"
                        else {"compile": True})
     return options
+
+
+def base_candidate(base: OptimizationConfig, batch_size: int, num_blocks: int, world_size: int,
+                   device: torch.device) -> Candidate:
+    """The caller's own configuration (`plan(base=...)`) as a candidate: its precision ("auto"
+    resolved for `device`), its split of the batch, checkpointing (⌈√L⌉ resolved on the model's
+    `num_blocks`; none without known blocks), speed options and, on more than one process, ZeRO stage."""
+    from ..precision import choose_precision
+
+    precision = choose_precision(device)[0] if base.precision == "auto" else base.precision
+    k = base.batch_splits
+    if batch_size % k:
+        fail("base", f"an OptimizationConfig splitting the batch into k={k}",
+             f"a k that divides the batch of {batch_size} samples plan() was given (the effective batch)")
+    segments = None
+    if base.checkpointing is not None and num_blocks:
+        segments = resolve_segments(num_blocks, base.checkpointing if base.checkpointing == "sqrt"
+                                    else min(base.checkpointing, num_blocks))
+    return Candidate(precision=precision, k=k, checkpointing=segments,
+                     checkpoint_policy=base.checkpoint_policy if segments else "full",
+                     optimizer_impl=base.optimizer_impl, memory_format=base.memory_format, compile=base.compile,
+                     zero_stage=base.zero_stage if world_size > 1 else 0, compile_mode=base.compile_mode, tf32=base.tf32)
+
+
+def configured(candidate: Candidate, base: OptimizationConfig | None, world_size: int = 1) -> OptimizationConfig:
+    """The configuration that runs `candidate`: with a `base` (the caller's), the base with what
+    the plan chooses replaced and everything else kept -- LR schedule, warmup, clipping, loss
+    scaling, adaptive k's rule, and on one process its ZeRO stage, which only more processes try."""
+    if base is None:
+        return candidate.config()
+    chosen = dataclasses.asdict(candidate)
+    if world_size == 1:
+        del chosen["zero_stage"]
+    # an adaptive base's k, k_min and k_max are set after, by goodput (adaptive.adaptive_config)
+    unadapted = dict(adaptive=False, k_min=1, k_max=1) if base.adaptive else {}
+    return base.replace(**unadapted, **chosen)
 
 
 def changes_between(base: Candidate, other: Candidate) -> dict:

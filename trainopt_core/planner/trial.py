@@ -26,7 +26,7 @@ class Trial:
     the forward runs through (the module, DDP or DeepSpeed)."""
 
     def __init__(self, candidate: Candidate, model, optimizer_factory, batch, loss_fn, device, loss_takes_model=False,
-                 world_size: int = 1):
+                 world_size: int = 1, optimizer_takes_model: bool = False):
         self.candidate = candidate
         self.loss_takes_model = loss_takes_model
         self.model = copy.deepcopy(model)
@@ -39,7 +39,7 @@ class Trial:
                 ids = [device.index if device.index is not None else torch.cuda.current_device()]
             wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.tracked = wrapped
-        self.optimizer = optimizer_factory(self.model.parameters())
+        self.optimizer = optimizer_factory(self.model if optimizer_takes_model else self.model.parameters())
         self.size = len(batch[0])
         self.micro = _micro_batches(batch, candidate.k)
         self.loss_fn = loss_fn
@@ -68,7 +68,15 @@ class Trial:
             # eager: a compiled copy would otherwise compile (and capture) its evaluation too, time
             # that its compile seconds do not count; the loss is the same computation
             with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-                parts = [self._loss(micro) for micro in self.micro]
+                try:
+                    parts = [self._loss(micro) for micro in self.micro]
+                except TypeError as error:
+                    if self.loss_takes_model:
+                        raise
+                    raise TypeError(
+                        f"{error} -- plan() called loss_fn(model(*inputs), targets) on the batch (inputs..., targets). "
+                        "For a model whose forward takes the targets and returns the loss, pass loss_takes_model=True "
+                        "and loss_fn=lambda model, x, y: model(x, y)[1] (the loss out of what it returns)") from error
         finally:
             self.forward.train(training)
         return sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
