@@ -211,3 +211,19 @@ def test_checkpoint_blocks_as_a_plain_list_adds_no_second_owner_wherever_the_lin
     prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(checkpointing="sqrt"),
             micro_batch_size=4)
     assert list(model.state_dict()) == keys and checkpoint_plan(model) is not None
+
+
+# ---------------------------------------------------------------- adaptive k's rule
+def test_the_critical_batch_rule_grows_k_only_while_the_effective_batch_is_below_the_noise_scale():
+    from trainopt_core.accumulation import NoiseEstimate, next_k
+
+    def estimate(b_simple, b=512.0):  # significant: |G|² = 1 with a narrow interval, σ² = B_simple / b
+        return NoiseEstimate(sigma_sq=b_simple / b, grad_sq=1.0, micro_batch_size=b, num_micro_batches=4, steps=8,
+                             grad_sq_half_width=0.1)
+
+    for b_simple, expected in ((40.0, 2), (1_500.0, 3), (3_000.0, 6), (1e6, 8)):
+        k, target, why = next_k(estimate(b_simple), k=4, sigma_target=None, rule="critical_batch", k_min=2, k_max=8)
+        assert (k, target, why) == (expected, 1.0, "eq. 6"), b_simple  # k·b just covers B_simple; never calibrated
+    # the calibrated reading keeps k = 4 at the first estimate wherever the noise scale is
+    assert next_k(estimate(40.0), k=4, sigma_target=None, rule="noise_scale", k_min=2, k_max=8)[0] == 4
+    assert OptimizationConfig(adaptive=True, k=2, k_min=2, k_max=8, k_rule="critical_batch").k_rule == "critical_batch"

@@ -23,10 +23,14 @@ estimates lies above zero (and at least MIN_POOLED_STEPS steps are pooled). The 
 reading of eq. 6 acts only on significant estimates, the variance reading (σ² only) once
 MIN_POOLED_STEPS steps are pooled; otherwise k stays where it is and the step's record says why.
 
-Two readings of eq. 6 (`rule`):
+Readings of eq. 6 (`rule`):
   "noise_scale"  σ_target² = sigma_target² · |G|², so k ≈ B_simple / (sigma_target² b): the
                  accumulated batch follows the gradient noise scale, which grows as the loss
                  falls (McCandlish et al. 2018) -- k rises during training.
+  "critical_batch"  the same reading with sigma_target = 1 unless one is configured, never
+                 calibrated: k·b ≈ B_simple, so k grows only while the effective batch is below
+                 the measured noise scale (past it a larger batch trades optimizer steps for
+                 little: McCandlish et al.'s critical batch).
   "variance"     σ_target² = sigma_target² (absolute, eq. 6 as printed): k follows the
                  micro-batch gradient variance, which is largest early -- k falls during
                  training, as the paper's text describes ("increases accumulation steps when
@@ -50,7 +54,7 @@ from .measure.stats import t_quantile_975
 from ._errors import fail as _fail
 
 EPS = 1e-12
-K_RULES = ("noise_scale", "variance")
+K_RULES = ("noise_scale", "variance", "critical_batch")
 MIN_POOLED_STEPS = 3  # the fewest per-step |G|² estimates whose spread gives an interval
 
 
@@ -123,7 +127,7 @@ def pool_estimates(estimates: list[NoiseEstimate]) -> NoiseEstimate:
 def _target_sq(estimate: NoiseEstimate, sigma_target: float, rule: str) -> float:
     if rule == "variance":
         return sigma_target**2
-    if rule == "noise_scale":
+    if rule in ("noise_scale", "critical_batch"):
         return sigma_target**2 * max(estimate.grad_sq, 0.0)
     _fail("rule", rule, f"one of {K_RULES}")
 
@@ -144,7 +148,7 @@ def calibrate_sigma_target(estimate: NoiseEstimate, *, rule: str, k: int) -> flo
 
     "variance": sigma_target² = σ²/k; "noise_scale": sigma_target² = σ²/(k |G|²) = B_simple/(k b).
     """
-    if rule == "noise_scale" and not estimate.significant:
+    if rule in ("noise_scale", "critical_batch") and not estimate.significant:
         raise ValueError("calibrate_sigma_target needs a significant estimate (|G|² interval above 0)")
     if not estimate.sigma_sq > 0:
         raise ValueError(f"calibrate_sigma_target needs σ² > 0, got {estimate.sigma_sq:.3g}")
@@ -163,10 +167,10 @@ def next_k(estimate: NoiseEstimate | None, *, k: int, sigma_target: float | None
     first such estimate when none was configured (`calibrate_sigma_target`, at the current k)."""
     if estimate is None or estimate.steps < MIN_POOLED_STEPS:
         return k, sigma_target, f"held: fewer than {MIN_POOLED_STEPS} steps pooled"
-    if rule == "noise_scale" and not estimate.significant:
+    if rule in ("noise_scale", "critical_batch") and not estimate.significant:
         return k, sigma_target, "held: |G|² not significant"
     if sigma_target is None:
-        sigma_target = calibrate_sigma_target(estimate, rule=rule, k=k)
+        sigma_target = 1.0 if rule == "critical_batch" else calibrate_sigma_target(estimate, rule=rule, k=k)
     return choose_k(estimate, sigma_target=sigma_target, rule=rule, k_min=k_min, k_max=k_max), sigma_target, "eq. 6"
 
 
