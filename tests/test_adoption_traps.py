@@ -226,4 +226,9 @@ def test_the_critical_batch_rule_grows_k_only_while_the_effective_batch_is_below
         assert (k, target, why) == (expected, 1.0, "eq. 6"), b_simple  # k·b just covers B_simple; never calibrated
     # the calibrated reading keeps k = 4 at the first estimate wherever the noise scale is
     assert next_k(estimate(40.0), k=4, sigma_target=None, rule="noise_scale", k_min=2, k_max=8)[0] == 4
-    assert OptimizationConfig(adaptive=True, k=2, k_min=2, k_max=8, k_rule="critical_batch").k_rule == "critical_batch"
+    # the default; a fixed-k configuration never reads its rule and keeps the hash its records were made under
+    assert OptimizationConfig(adaptive=True, k=2, k_min=2, k_max=8).k_rule == "critical_batch"
+    assert OptimizationConfig(k=4).config_hash() == OptimizationConfig(k=4, k_rule="noise_scale").config_hash()
+    adaptive = OptimizationConfig(adaptive=True, k=2, k_min=2, k_max=8)
+    assert adaptive.config_hash() != adaptive.replace(k_rule="noise_scale").config_hash()
+    assert OptimizationConfig.baseline().config_hash() == "e4536eadcb"  # the reference records' name

@@ -38,11 +38,20 @@ LATER_FIELD_DEFAULTS = {"checkpoint_policy": "full", "compile": False, "optimize
                         "memory_format": "contiguous", "compile_mode": "default", "tf32": False}
 
 
+# k_rule's default before "critical_batch" became it. A configuration that does not adapt k never
+# reads its rule, so it hashes with this one, as records made before the change do.
+FORMER_K_RULE = "noise_scale"
+
+
 def computation_part(fields: dict) -> dict:
     """A configuration dict (as a record stores it) without its guards and without the later
-    fields at their defaults: what `config_hash` and record comparisons read."""
-    return {key: value for key, value in fields.items()
+    fields at their defaults, and with a fixed-k configuration's unread k_rule at its former
+    default: what `config_hash` and record comparisons read."""
+    part = {key: value for key, value in fields.items()
             if key not in GUARD_FIELDS and not (key in LATER_FIELD_DEFAULTS and value == LATER_FIELD_DEFAULTS[key])}
+    if "k_rule" in part and not part.get("adaptive", False):
+        part["k_rule"] = FORMER_K_RULE
+    return part
 
 
 def _fail(field_name: str, value, allowed: str) -> None:
@@ -56,11 +65,13 @@ class OptimizationConfig:
     Accumulation: a fixed `k` (``adaptive=False``) or variance-aware adaptive accumulation
     (``adaptive=True``) choosing k in [k_min, k_max] by eq. 6 from gradient-noise estimates
     pooled over the last ``noise_window`` steps (`trainopt_core.accumulation`). ``k_rule`` is the
-    reading of eq. 6: ``"noise_scale"`` (σ_target² = sigma_target² · |G|², so k ≈ B_simple /
-    (sigma_target² · b): k grows with the noise scale as the loss falls) or ``"variance"``
-    (σ_target² = sigma_target², eq. 6 as printed: k is largest while the gradient variance is,
-    early). ``sigma_target=None`` calibrates it from the run's first significant estimate so
-    that eq. 6 gives the starting ``k`` there; a number fixes it.
+    reading of eq. 6: ``"critical_batch"`` (the default: k·b ≈ B_simple, so k grows only while
+    the effective batch is below the measured noise scale), ``"noise_scale"`` (σ_target² =
+    sigma_target² · |G|², so k ≈ B_simple / (sigma_target² · b), with ``sigma_target=None``
+    calibrated at the run's first significant estimate so that eq. 6 gives the starting ``k``
+    there: k follows the noise scale's growth from wherever it starts; the optimized preset's) or
+    ``"variance"`` (σ_target² = sigma_target², eq. 6 as printed: k is largest while the gradient
+    variance is, early). A number for ``sigma_target`` fixes it.
     """
 
     name: str = "custom"
@@ -72,7 +83,7 @@ class OptimizationConfig:
     adaptive: bool = False
     k_min: int = 1
     k_max: int = 1
-    k_rule: str = "noise_scale"
+    k_rule: str = "critical_batch"
     sigma_target: float | None = None
     noise_window: int = 8
     # schedule (eqs. 10-12)
