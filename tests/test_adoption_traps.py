@@ -103,6 +103,8 @@ def test_a_checkpoint_saved_before_adoption_continues_on_schedule_with_start_at(
         assert torch.equal(resumed, uninterrupted)
     with pytest.raises(ValueError, match=r"steps=-1 is invalid: allowed an integer >= 0"):
         engine.start_at(steps=-1)
+    with pytest.raises(ValueError, match=r"steps=None is invalid: allowed an integer >= 0"):
+        engine.start_at(steps=None)
 
 
 # ---------------------------------------------------------------- precision

@@ -147,11 +147,10 @@ class OptimizationConfig:
             _fail("min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
         if self.base_batch_size is not None and (not isinstance(self.base_batch_size, int) or self.base_batch_size < 1):
             _fail("base_batch_size", self.base_batch_size, "None or an integer >= 1")
-        if (self.clip_norm is not None and not isinstance(self.clip_norm, bool) and isinstance(self.clip_norm, (int, float))
-                and self.clip_norm == 0):
+        number = isinstance(self.clip_norm, (int, float)) and not isinstance(self.clip_norm, bool)
+        if number and self.clip_norm == 0:
             object.__setattr__(self, "clip_norm", None)  # scripts write 0 for "off": the same configuration
-        if self.clip_norm is not None and not (isinstance(self.clip_norm, (int, float)) and not isinstance(self.clip_norm, bool)
-                                               and self.clip_norm > 0 and math.isfinite(self.clip_norm)):
+        elif self.clip_norm is not None and not (number and self.clip_norm > 0 and math.isfinite(self.clip_norm)):
             _fail("clip_norm", self.clip_norm, "None or 0 (no clipping) or a finite number > 0 (the global L2 norm "
                   "gradients are clipped to)")
         cp = self.checkpointing

@@ -333,7 +333,8 @@ class TrainingEngine:
         samples. The LR schedule, `done()` and `every()` go on from there. Call it after loading
         the model and optimizer, before the first backward."""
         for name, value in (("steps", steps), ("samples", samples)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            if (value is not None or name == "steps") and (isinstance(value, bool) or not isinstance(value, int)
+                                                           or value < 0):
                 raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 0")
         if self._micro_index:
             raise RuntimeError(f"engine.start_at() after {self._micro_index} of {self.k} micro-batches: allowed only "
