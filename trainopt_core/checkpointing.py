@@ -129,7 +129,8 @@ def _model_blocks(model: nn.Module) -> tuple[str, tuple[nn.Module, ...]]:
         f"model of type {type(model).__module__}.{type(model).__qualname__} has no known block "
         f"sequence: supported are {'; '.join(SUPPORTED_MODELS)}. To checkpoint another model, "
         "give it a `checkpoint_blocks` attribute listing its repeated blocks in call order "
-        "(e.g. `model.checkpoint_blocks = list(model.transformer.h)`: a plain list, so the blocks keep one owner and the state_dict its keys)."
+        "(e.g. `model.checkpoint_blocks = list(model.transformer.h)`: a plain list, so the blocks keep one owner "
+        "and the state_dict its keys)."
     )
 
 

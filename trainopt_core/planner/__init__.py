@@ -106,8 +106,9 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     speedup interval is), and the returned configuration is `base` with only what the plan
     chooses replaced (precision, split, checkpointing, speed options; the ZeRO stage on more
     than one process): its LR schedule, warmup, clipping and loss scaling stay. Its k splits
-    `batch`, which is then the script's effective batch (micro-batch × k). `batch` is (inputs..., targets), its first dimension the effective batch
-    size; `loss_fn(model_output, targets)` returns the mean loss -- or, with `loss_takes_model`,
+    `batch`, which is then the script's effective batch (micro-batch × k).
+    `batch` is (inputs..., targets), its first dimension the effective batch size;
+    `loss_fn(model_output, targets)` returns the mean loss -- or, with `loss_takes_model`,
     `loss_fn(model, *micro_batch)` runs the model itself and returns the mean loss or (mean loss,
     items it averages) (a Hugging Face model called with labels, say). `memory_budget_bytes`: peak
     memory of a training step allowed (None: no budget). `weights`: eq. 3's (w1, w2, w3) on

@@ -149,8 +149,8 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     best = min(feasible, key=lambda row: row["cost"])
     yours = next((row for row in feasible if row.get("yours")), None)
     if yours is not None and yours is not best and cost_intervals_overlap(yours, best):
-        notes.append(f"Kept your configuration ({yours['candidate']}): the lowest-cost candidate, {best['candidate']}, is within "
-                     f"its timing noise (eq. 3 cost intervals {_cost_interval(best)} vs {_cost_interval(yours)} "
+        notes.append(f"Kept your configuration ({yours['candidate']}): the lowest-cost candidate, {best['candidate']}, "
+                     f"is within its timing noise (eq. 3 cost intervals {_cost_interval(best)} vs {_cost_interval(yours)} "
                      "overlap), and a tie keeps yours.")
         best = yours
     best["chosen"] = True

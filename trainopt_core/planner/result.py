@@ -97,7 +97,8 @@ class Plan:
         base, best = self.baseline, self.chosen
         budget = "no memory budget" if self.memory_budget_bytes is None else \
             f"a memory budget of {self.memory_budget_bytes / 2**20:.1f} MiB"
-        lines = [f"Chose {best['candidate']}{' (yours)' if best.get('yours') else ''} under {budget}, by eq. 3 with weights (time, memory, energy) = "
+        yours = " (yours)" if best.get("yours") else ""
+        lines = [f"Chose {best['candidate']}{yours} under {budget}, by eq. 3 with weights (time, memory, energy) = "
                  f"{tuple(round(w, 3) for w in self.weights)}:",
                  f"  {best['speedup']:.2f}x the fp32 baseline's samples/s "
                  f"(95 % interval {speedup_interval(best)}), peak memory {best['peak_memory_bytes'] / 2**20:.1f} MiB "
