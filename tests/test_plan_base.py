@@ -85,7 +85,9 @@ def test_plan_takes_a_script_as_it_is_and_keeps_what_it_does_not_choose():
     for config in (result.config, result.rechoose(weights=(0.5, 0.5, 0.0)).config):
         assert (config.name, config.schedule, config.warmup_fraction, config.min_lr_ratio, config.clip_norm,
                 config.zero_stage) == ("script", "cosine", 0.1, 0.05, 1.0, 2)
-    assert "(yours)" in result.explain()
+    explained = result.explain()
+    assert "(yours)" in explained
+    assert result.chosen.get("yours") or "Against your configuration (fp32, k=4, " in explained
     engine = prepare(model, model.configure_optimizers(0.1, 1e-3), result.config,
                      micro_batch_size=32 // result.config.batch_splits, total_steps=10)
     assert engine.config.clip_norm == 1.0

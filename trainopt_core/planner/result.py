@@ -104,6 +104,11 @@ class Plan:
                  f"(95 % interval {speedup_interval(best)}), peak memory {best['peak_memory_bytes'] / 2**20:.1f} MiB "
                  f"vs {base['peak_memory_bytes'] / 2**20:.1f} MiB.",
                  f"  Energy: {self.energy_source or 'not measured'}."]
+        own = next((row for row in self.rows if row.get("yours")), None)
+        if own is not None and own is not best and own.get("speedup") and best.get("speedup"):
+            lines.append(f"  Against your configuration ({own['candidate']}, {own['speedup']:.2f}x the fp32 baseline): "
+                         f"{best['speedup'] / own['speedup']:.2f}x its samples/s, peak memory "
+                         f"{own['peak_memory_bytes'] / 2**20:.1f} MiB.")
         for row in self.rows:
             if row["candidate"] != best["candidate"] and row["rejected_because"]:
                 lines.append(f"  {row['candidate']}{' (yours)' if row.get('yours') else ''}: {row['rejected_because']}")
