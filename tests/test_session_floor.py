@@ -121,3 +121,8 @@ def test_the_rerun_check_counts_how_often_a_session_lands_inside_another_session
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing")])
     assert "missing: not a folder" in capsys.readouterr().err
+    # one fresh session against the others: only its pairs, both ways (2 of the 6 per cell are s0-s1, s1-s0 ...)
+    fresh = session_floor.rerun_coverage(paths, floors, fresh=[tmp_path / "s2"])
+    assert fresh["rate"]["pairs"] == 8 and fresh["ratio"]["pairs"] == 4
+    assert main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--check", "--fresh", str(tmp_path / "s2")]) == 0
+    assert "rate: 8 ordered pairs of sessions" in capsys.readouterr().out

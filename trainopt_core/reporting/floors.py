@@ -23,6 +23,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the floors here (JSON); default: print them")
     parser.add_argument("--check", action="store_true", help="instead: how often one session's value lies inside "
                         "another's interval, with the committed floors and without")
+    parser.add_argument("--fresh", action="append", default=[], metavar="FOLDER",
+                        help="with --check: count only the pairs of one session under FOLDER (repeatable) and one "
+                        "not -- out of sample for a reproduction made after the floors")
     args = parser.parse_args(argv)
     paths = []
     for folder in args.reports:
@@ -30,7 +33,13 @@ def main(argv=None) -> int:
             parser.error(f"{folder}: not a folder (allowed: folders holding reproductions' timing records)")
         paths += sorted(Path(folder).rglob("throughput__*.json"))
     if args.check:
-        for what, counted in rerun_coverage(paths).items():
+        for folder in args.fresh:
+            if not Path(folder).is_dir():
+                parser.error(f"--fresh {folder}: not a folder (allowed: a folder of a reproduction's timing records)")
+        if args.fresh:
+            paths += [p for folder in args.fresh for p in sorted(Path(folder).rglob("throughput__*.json"))
+                      if p not in paths]
+        for what, counted in rerun_coverage(paths, fresh=args.fresh).items():
             pairs = max(counted["pairs"], 1)
             print(f"{what}: {counted['pairs']} ordered pairs of sessions; the other session's value inside the interval "
                   f"with the floor {counted['inside']} ({100 * counted['inside'] / pairs:.0f} %), one session's alone "

@@ -136,13 +136,20 @@ def describe(kind: str | None) -> str:
             f"the baseline, relative SD, from {floor['sessions']} sessions).")
 
 
-def rerun_coverage(paths, floor_table: dict | None = None) -> dict:
+def rerun_coverage(paths, floor_table: dict | None = None, fresh=()) -> dict:
     """How often one session's value lies inside another session's interval, over every ordered
     pair of sessions of each cell (module docstring): {"rate" | "ratio": {"pairs", "inside",
     "inside_one_session"}}, with the intervals widened by `floor_table` (default: the committed
     floors) and as one session's alone. In-sample where the floors came from the same records.
     A 95 % interval of the mean holds the other session's value about 83 % of the time when the
-    floor is right (both values vary: 1.96 / sqrt(2) standard deviations)."""
+    floor is right (both values vary: 1.96 / sqrt(2) standard deviations). With `fresh` (folders),
+    only the pairs of one session under them and one not are counted: out of sample when the
+    floors were estimated without the fresh sessions."""
+    fresh = [str(Path(folder).resolve()) for folder in fresh]
+
+    def is_fresh(path: str) -> bool:
+        return any(str(Path(path).resolve()).startswith(folder.rstrip("/") + "/") for folder in fresh)
+
     floor_table = floors() if floor_table is None else floor_table
     out = {what: {"pairs": 0, "inside": 0, "inside_one_session": 0} for what in ("rate", "ratio")}
     for (kind, _task, name, *_, what), sessions in _cells(paths).items():
@@ -155,6 +162,8 @@ def rerun_coverage(paths, floor_table: dict | None = None) -> dict:
             summaries[path] = (measure.summarize(rates) if what == "rate"
                                else measure.paired_ratio(rates, results["baseline"]["items_per_s"]))
         for first, second in ((a, b) for a in summaries for b in summaries if a != b):
+            if fresh and is_fresh(first) == is_fresh(second):
+                continue
             value, interval = summaries[first]["mean"], summaries[second]
             wide = widen(interval, floor_table[kind][what])
             out[what]["pairs"] += 1
