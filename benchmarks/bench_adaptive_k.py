@@ -7,9 +7,12 @@ micro-batches in the same order for the same number of samples (sequences), fp32
 
     fixed       k = 4 micro-batches per optimizer step
     calibrated  adaptive k in [2, 8] from 4, k_rule "noise_scale" (sigma_target calibrated at the
-                first significant estimate so that k = 4 there; k then follows the noise scale's growth)
-    critical    adaptive k in [2, 8] from 4, k_rule "critical_batch" (k·b follows the noise scale
-                B_simple itself: k grows only while the effective batch is below it)
+                first significant estimate so that k = 4 there; k then follows the noise scale's
+                growth): the default before "critical_batch"
+    critical    adaptive k in [2, 8] from 4, k_rule "critical_batch", the default (k·b follows the
+                noise scale B_simple itself: k grows only while the effective batch is below it)
+    critical_scaled  the same with linear LR scaling (eq. 11: the LR × B_eff / B_base), so a
+                larger batch also takes a larger step
 
 Quality is deterministic for a seed on one machine; it is compared per seed (paired with fixed k)
 and over seeds (mean and 95 % t-interval of the paired difference). Seconds are printed for
@@ -39,8 +42,9 @@ print = functools.partial(print, flush=True)  # noqa: A001
 ADAPTIVE = dict(adaptive=True, k=4, k_min=2, k_max=8)
 CONFIGS = {
     "fixed": OptimizationConfig(name="fixed", k=4),
-    "calibrated": OptimizationConfig(name="calibrated", **ADAPTIVE),
+    "calibrated": OptimizationConfig(name="calibrated", k_rule="noise_scale", **ADAPTIVE),
     "critical": OptimizationConfig(name="critical", k_rule="critical_batch", **ADAPTIVE),
+    "critical_scaled": OptimizationConfig(name="critical_scaled", k_rule="critical_batch", lr_scaling=True, **ADAPTIVE),
 }
 
 
