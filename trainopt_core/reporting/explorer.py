@@ -99,6 +99,8 @@ def config_from_components(components, *, k: int | None = None, adaptive: bool =
     if "accumulation" in components:
         fields.update(k=k, adaptive=adaptive, k_min=min(k, optimized.k_min) if adaptive else 1,
                       k_max=max(k, optimized.k_max) if adaptive else 1)
+        if adaptive:  # the preset's rule of eq. 6, as its runs used it
+            fields.update(k_rule=optimized.k_rule, sigma_target=optimized.sigma_target)
     if "mixed_precision" in components:
         fields.update(precision=precision)
     if "lr_schedule" in components:
