@@ -45,7 +45,7 @@ class Plan:
 
     def to_dict(self) -> dict:
         """JSON-ready: what a run record stores."""
-        return {"config": self.config.computation_fields(), "chosen": self.chosen["candidate"],
+        return {"config": self.config.to_dict(), "chosen": self.chosen["candidate"],
                 "memory_budget_bytes": self.memory_budget_bytes, "weights": list(self.weights),
                 "planning_s": self.planning_s, "compile_s": self.compile_s, "notes": list(self.notes),
                 "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows],
