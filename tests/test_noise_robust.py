@@ -221,6 +221,35 @@ def test_agreement_lists_flipped_verdicts_and_moved_ratios(tmp_path):
     assert (tmp_path / "agree.md").read_text().startswith("# Rerun agreement")
 
 
+def _write_ratio_tables(folder, throughput, time, half_width):
+    """Table I's throughput and time-to-target ratios (as changes) with intervals of `half_width`."""
+    tables = folder / "tables"
+    tables.mkdir(parents=True)
+    pd.DataFrame([dict(metric=metric, measured_relative=value, measured_relative_ci_low=value - half_width,
+                       measured_relative_ci_high=value + half_width, claim_held="inconclusive")
+                  for metric, value in (("Throughput", throughput), ("Time to target", time))]
+                 ).to_csv(tables / "table1_resnet.csv", index=False)
+
+
+def test_agreement_bar_is_each_timing_ratio_inside_the_other_runs_interval_not_five_percent(tmp_path):
+    # a throughput ratio 1.30 -> 1.39 (+6.9 %) inside intervals widened by the between-session floor
+    _write_ratio_tables(tmp_path / "a", 0.30, -0.25, 0.12)
+    _write_ratio_tables(tmp_path / "b", 0.39, -0.28, 0.12)
+    moved = agreement.compare_reports(tmp_path / "a", tmp_path / "b")
+    assert moved["agree"] and moved["timing_ratios_compared"] == 2 and not moved["ratios_outside"]
+    assert len(moved["ratio_moves"]) == 1  # still listed, as context
+    assert "context: throughput ratios moved by more than ±5 %: 1 of 1" in agreement.format_agreement(moved)
+    # the time ratio leaves the other's interval: no agreement, and the cell is named
+    _write_ratio_tables(tmp_path / "c", 0.32, -0.05, 0.12)
+    outside = agreement.compare_reports(tmp_path / "a", tmp_path / "c")
+    assert not outside["agree"] and not outside["ratio_moves"]
+    assert [m["cell"] for m in outside["ratios_outside"]] == ["table1_resnet: Time to target [measured_relative]"]
+    text = agreement.format_agreement(outside)
+    assert "## Throughput and time ratios outside the other run's 95 % CI" in text
+    assert "Other values outside" not in text
+    assert agreement.main([str(tmp_path / "a"), str(tmp_path / "c")]) == 1
+
+
 def _write_timing(folder, rates: dict, probes: dict, hashes=None):
     timing = folder / "timing"
     timing.mkdir(parents=True, exist_ok=True)
