@@ -33,6 +33,16 @@ def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
         run_grid(["cifar10"], ["baseline"], seeds=1, profile="smoke", out_dir="unused", executor="ray")
 
 
+def test_a_run_holds_one_gpu_where_the_cluster_has_gpus_else_a_share_of_a_nodes_cores():
+    assert executor.resources_per_run(8, 32) == (1, 1)
+    assert executor.resources_per_run(1, 2, cpus_per_run=4) == (1, 1)
+    assert executor.resources_per_run(0, 2) == (2, 0)
+    assert executor.resources_per_run(0, 16) == (8, 0)
+    assert executor.resources_per_run(0.5, 16, cpus_per_run=3) == (3, 0)  # a fraction of a GPU is not one
+    with pytest.raises(ValueError, match="cpus_per_run=0 is invalid"):
+        executor.resources_per_run(0, 2, cpus_per_run=0)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
@@ -68,6 +78,12 @@ def test_a_smoke_grid_on_ray_gives_the_sequential_records(ray_cluster, tmp_path)
     assert lines[0].startswith("ray: 4 runs, 1 CPU core(s) each") and "1 auto run(s) wait for their task's plan" in lines[0]
     done = [line for line in lines if " done on " in line]
     assert len(done) == 4 and "4/4 done, 0 running, 0 queued" in done[-1] and "s left" in done[0]
+    # which worker runs what, as each run starts (told by the worker), before its done line
+    for task, config, seed in grid:
+        run_name = f"ray: {task} {config} seed {seed} "
+        (start,) = [i for i, line in enumerate(lines) if line.startswith(run_name + "started on ")]
+        assert start < next(i for i, line in enumerate(lines) if line.startswith(run_name + "done on "))
+    assert "1 running" in next(line for line in lines if " started on " in line)
     # the second auto run waited for the first, which planned the task: one plan, reused
     assert done.index(next(d for d in done if "auto seed 1" in d)) > done.index(next(d for d in done if "auto seed 0" in d))
     assert len(list((tmp_path / "plans").glob("*.json"))) == 1
@@ -93,7 +109,8 @@ def test_a_worker_killed_mid_run_is_retried_and_resumes_from_its_checkpoint(ray_
     watcher = threading.Thread(target=kill_after_the_first_checkpoint, daemon=True)
     watcher.start()
     started = time.perf_counter()
-    (record,) = executor.run_on_ray([item], out_dir=out, cpus_per_run=1, options=options, report=lambda line: None,
+    lines = []
+    (record,) = executor.run_on_ray([item], out_dir=out, cpus_per_run=1, options=options, report=lines.append,
                                     **STANDIN)
     seconds = time.perf_counter() - started
     watcher.join(timeout=5)
@@ -101,4 +118,7 @@ def test_a_worker_killed_mid_run_is_retried_and_resumes_from_its_checkpoint(ray_
     assert any("resumed from its in-run checkpoint after optimizer step" in note for note in record["notes"]), \
         record["notes"]
     assert not record_differences(reference, record)
+    # the terminal showed the retry as it started, on which worker
+    assert any(line.startswith("ray: cifar10 -checkpointing seed 0 started again (Ray's retry 1: its worker was lost) on ")
+               for line in lines), lines
     print(f"\n[test_executor] killed pid {killed[0]}; the run with its retry took {seconds:.1f} s")

@@ -8,7 +8,9 @@ record and in-run checkpoints are written by the worker into `out_dir`, which ev
 reach (a shared file system; the machine itself for a local cluster). A worker lost in the middle
 of a run (killed, its node gone) is retried by Ray (`MAX_RETRIES`), and the retry resumes from
 the run's last in-run checkpoint. A task's `auto` runs wait for its first `auto` run, which plans
-the task; the plan is kept beside the records and reused.
+the task; the plan is kept beside the records and reused. Each worker says when it starts a run
+(a Ray queue), so the terminal shows which worker runs what, each retry of a lost worker's run,
+and runs done / running / queued.
 
 Interleaved throughput timing and Table IV's multi-process launches do not go through here: they
 compare configurations in one process on one device.
@@ -44,12 +46,15 @@ def ray_module():
 
 
 def _run_one(task: str, config: str, seed: int, profile: str, out_dir: str, data_policy: str, threads: int,
-             options: dict) -> tuple[dict, dict]:
-    """One run on a Ray worker: the record, and where it ran."""
+             options: dict, events=None) -> tuple[dict, dict]:
+    """One run on a Ray worker: the record, and where it ran. Puts (task, config, seed, host, pid)
+    on `events` (a Ray queue) when it starts."""
     import torch
 
     from .runner import run
 
+    if events is not None:
+        events.put((task, config, seed, socket.gethostname(), os.getpid()))
     torch.set_num_threads(max(1, threads))
     started = time.perf_counter()
     record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy, progress=False,
@@ -57,13 +62,17 @@ def _run_one(task: str, config: str, seed: int, profile: str, out_dir: str, data
     return record, dict(host=socket.gethostname(), pid=os.getpid(), seconds=time.perf_counter() - started)
 
 
-def _cpus_per_run(ray, cpus_per_run: int | None) -> int:
+def resources_per_run(cluster_gpus: float, node_cpus: int, cpus_per_run: int | None = None) -> tuple[int, int]:
+    """(CPU cores, GPUs) one run holds: one GPU (and one core) on a cluster with GPUs; else
+    `cpus_per_run`, or by default all of a node's cores below 4 and half of them from 4."""
+    if cpus_per_run is not None and (isinstance(cpus_per_run, bool) or not isinstance(cpus_per_run, int)
+                                     or cpus_per_run < 1):
+        _fail("cpus_per_run", cpus_per_run, "None or an integer >= 1")
+    if cluster_gpus >= 1:
+        return 1, 1
     if cpus_per_run is not None:
-        if isinstance(cpus_per_run, bool) or not isinstance(cpus_per_run, int) or cpus_per_run < 1:
-            _fail("cpus_per_run", cpus_per_run, "None or an integer >= 1")
-        return cpus_per_run
-    node_cpus = max((int(n["Resources"].get("CPU", 1)) for n in ray.nodes() if n.get("Alive")), default=1)
-    return node_cpus if node_cpus < 4 else max(1, node_cpus // 2)
+        return cpus_per_run, 0
+    return (node_cpus if node_cpus < 4 else max(1, node_cpus // 2)), 0
 
 
 def run_on_ray(grid: list[tuple[str, str, int]], *, profile: str, out_dir, data_policy: str = "auto",
@@ -71,20 +80,23 @@ def run_on_ray(grid: list[tuple[str, str, int]], *, profile: str, out_dir, data_
                report: Callable[[str], None] = print) -> list[dict]:
     """The records of `grid` ((task, configuration, seed) each), run as Ray tasks, in `grid`'s
     order. `address`: a running cluster's ("auto", "HOST:PORT"), else a local one is started for
-    this process. `report` gets one line per event: what was queued, each run done (where, how
-    long), and runs done / running / queued with the time left at the pace so far."""
+    this process. `report` gets one line per event: what was queued, each run started (where; a
+    second start is Ray's retry of a lost worker's run) and done (where, how long), and runs done /
+    running / queued with the time left at the pace so far."""
     ray = ray_module()
+    from ray.util.queue import Empty, Queue
     if not ray.is_initialized():
         ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-    cpus = _cpus_per_run(ray, cpus_per_run) if not gpus else 1
+    node_cpus = max((int(n["Resources"].get("CPU", 1)) for n in ray.nodes() if n.get("Alive")), default=1)
+    cpus, gpus = resources_per_run(ray.cluster_resources().get("GPU", 0), node_cpus, cpus_per_run)
     remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=MAX_RETRIES)(_run_one)
     out = os.fspath(os.path.abspath(out_dir))
     options = dict(options or {})
+    events = Queue(actor_options={"num_cpus": 0})
 
     def submit(item):
         task, config, seed = item
-        return remote.remote(task, config, seed, profile, out, data_policy, cpus, options)
+        return remote.remote(task, config, seed, profile, out, data_policy, cpus, options, events)
 
     # a task's first auto run plans it; its other auto runs wait for that plan
     planners = {task: min((s for t, c, s in grid if t == task and c == "auto"), default=None) for task, _, _ in grid}
@@ -93,11 +105,34 @@ def run_on_ray(grid: list[tuple[str, str, int]], *, profile: str, out_dir, data_
     report(f"ray: {len(grid)} runs, {gpus or cpus} {'GPU' if gpus else 'CPU core(s)'} each on "
            f"{int(ray.cluster_resources().get('CPU', 0))} cores / {int(ray.cluster_resources().get('GPU', 0))} GPUs"
            + (f"; {len(held)} auto run(s) wait for their task's plan" if held else ""))
-    slots = max(1, int(ray.cluster_resources().get("GPU" if gpus else "CPU", 1) // (gpus or cpus)))
     done: dict[tuple, dict] = {}
+    running: dict[tuple, str] = {}  # started and not done: where
+    starts: dict[tuple, int] = {}
     started = time.perf_counter()
+
+    def counts() -> str:
+        return (f"{len(done)}/{len(grid)} done, {len(running)} running, "
+                f"{len(grid) - len(done) - len(running)} queued")
+
+    def report_starts():
+        while True:
+            try:
+                task, config, seed, host, pid = events.get_nowait()
+            except Empty:
+                return
+            item = (task, config, int(seed))
+            if item in done:
+                continue
+            running[item] = f"{host} (pid {pid})"
+            starts[item] = starts.get(item, 0) + 1
+            again = f" again (Ray's retry {starts[item] - 1}: its worker was lost)" if starts[item] > 1 else ""
+            report(f"ray: {task} {config} seed {seed} started{again} on {running[item]}; {counts()}")
+
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+        report_starts()
+        if not ready:
+            continue
         item = pending.pop(ready[0])
         try:
             record, where = ray.get(ready[0])
@@ -105,6 +140,7 @@ def run_on_ray(grid: list[tuple[str, str, int]], *, profile: str, out_dir, data_
             raise RuntimeError(f"run {item[0]} {item[1]} seed {item[2]} failed on Ray: "
                                f"{str(error).strip().splitlines()[-1][:400]}") from error
         done[item] = record
+        running.pop(item, None)
         if item[1] == "auto" and item[2] == planners[item[0]]:
             for waiting in [h for h in held if h[0] == item[0]]:
                 held.remove(waiting)
@@ -112,8 +148,7 @@ def run_on_ray(grid: list[tuple[str, str, int]], *, profile: str, out_dir, data_
         elapsed = time.perf_counter() - started
         left = len(grid) - len(done)
         eta = f", about {elapsed / len(done) * left:.0f} s left" if left else ""
-        running = min(len(pending), slots)
         report(f"ray: {item[0]} {item[1]} seed {item[2]} done on {where['host']} (pid {where['pid']}) in "
-               f"{where['seconds']:.1f} s; {len(done)}/{len(grid)} done, {running} running, "
-               f"{len(pending) - running + len(held)} queued{eta}")
+               f"{where['seconds']:.1f} s; {counts()}{eta}")
+    events.shutdown()
     return [done[item] for item in grid]
