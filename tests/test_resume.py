@@ -175,7 +175,7 @@ def test_max_nonfinite_steps_is_validated_and_not_part_of_the_hash():
 
 
 DEEPSPEED_RESUME_SCRIPT = textwrap.dedent("""
-    import sys, torch, torch.nn.functional as F
+    import sys, warnings, torch, torch.nn.functional as F
     from trainopt_core import OptimizationConfig, prepare
     directory, mode = sys.argv[1], sys.argv[2]
     config = OptimizationConfig(k=3, adaptive=True, k_min=2, k_max=4, noise_window=4, zero_stage=2,
@@ -191,13 +191,20 @@ DEEPSPEED_RESUME_SCRIPT = textwrap.dedent("""
     micro, log = 0, []
     if mode == "resume":
         micro = engine.load_checkpoint(directory)["micro"]
-    while engine.optimizer_steps < (8 if mode == "first" else 20):
-        x, y = batch(micro)
-        loss = F.cross_entropy(engine.model(x), y)
-        engine.backward(loss, num_items=8)
-        if engine.step():
-            log.append((engine.optimizer_steps, round(loss.item(), 12), engine.lr, engine.k))
-        micro += 1
+    if mode == "deepspeed_only":  # DeepSpeed's own API: the engine's position is not restored
+        engine.ds_engine.load_checkpoint(directory)
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        while engine.optimizer_steps < (8 if mode in ("first", "deepspeed_only") else 20):
+            x, y = batch(micro)
+            loss = F.cross_entropy(engine.model(x), y)
+            engine.backward(loss, num_items=8)
+            if engine.step():
+                log.append((engine.optimizer_steps, round(loss.item(), 12), engine.lr, engine.k))
+            micro += 1
+    for warning in caught:
+        if "starts at step 0" in str(warning.message):
+            print("warned", str(warning.message).replace(chr(10), " "))
     if mode == "first":
         engine.save_checkpoint(directory, client_state={"micro": micro})
     for entry in log:
@@ -211,12 +218,16 @@ DEEPSPEED_RESUME_SCRIPT = textwrap.dedent("""
 def test_deepspeed_engine_resumes_through_its_checkpoint_api(tmp_path, run_deepspeed_script):
     def run(mode, directory):
         stdout = run_deepspeed_script(DEEPSPEED_RESUME_SCRIPT, directory, mode)
-        return [line for line in stdout.splitlines() if line.startswith(("step", "weights"))]
+        return [line for line in stdout.splitlines() if line.startswith(("step", "weights", "warned"))]
 
     uninterrupted = run("all", tmp_path / "unused")
     first = run("first", tmp_path / "ckpt")
     resumed = run("resume", tmp_path / "ckpt")
-    assert first[:-1] + resumed == uninterrupted
+    assert first[:-1] + resumed == uninterrupted  # and no warning in any of them
+    # resumed through DeepSpeed's own load_checkpoint: the engine says its schedule restarts, once
+    warned = [line for line in run("deepspeed_only", tmp_path / "ckpt") if line.startswith("warned")]
+    assert len(warned) == 1 and "DeepSpeed was resumed (its step count " in warned[0]
+    assert "engine.load_checkpoint(directory)" in warned[0]
 
 
 DEEPSPEED_NONFINITE_SCRIPT = textwrap.dedent("""

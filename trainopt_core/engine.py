@@ -254,7 +254,7 @@ class TrainingEngine:
         include the step that raised."""
         if self._micro_index < self.k:
             return False
-        if self.optimizer_steps == 0 and not self._position_restored and self.optimizer.state:
+        if self._resumed_without_position():
             self._warn_resumed_without_position()
         # item counts given as tensors are read here: one device sync per optimizer step
         self._step_items, self._expected_items = float(self._step_items), float(self._expected_items)
@@ -345,6 +345,10 @@ class TrainingEngine:
         self._position_restored = True
 
     # ------------------------------------------------------------------ internals
+    def _resumed_without_position(self) -> bool:
+        """At the first step: the optimizer holds state, but nothing placed the engine's run."""
+        return self.optimizer_steps == 0 and not self._position_restored and bool(self.optimizer.state)
+
     def _warn_resumed_without_position(self) -> None:
         warn_at_caller(
             f"the optimizer holds state ({len(self.optimizer.state)} parameters' moments: a resumed optimizer?) but "

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from .. import precision as mp
+from .._caller import warn_at_caller
 from ..config import OptimizationConfig
 from ..engine import TrainingEngine
 from ..schedule import clip_gradients
@@ -235,6 +236,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             self.ds_engine.step()  # not a boundary: DeepSpeed only counts the micro-step
             self._ds_step_due = False
             return False
+        if self._resumed_without_position():
+            self._warn_resumed_without_position()
         if not self._losses_were_finite():
             self._stop_nonfinite_before_step()
         step_samples = self._replica_sum(self._step_samples)
@@ -358,6 +361,19 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         return client
 
     # ------------------------------------------------------------------ internals
+    def _resumed_without_position(self) -> bool:
+        # DeepSpeed's own load_checkpoint restores its step count and the optimizer, not this engine
+        return self.optimizer_steps == 0 and not self._position_restored and (
+            bool(self.optimizer.state) or getattr(self.ds_engine, "global_steps", 0) > 0)
+
+    def _warn_resumed_without_position(self) -> None:
+        warn_at_caller(
+            f"DeepSpeed was resumed (its step count {getattr(self.ds_engine, 'global_steps', 0)}, or the optimizer "
+            "holds state) but the engine starts at step 0: its LR schedule restarts its warmup and its sample count "
+            "from 0. Resume through engine.load_checkpoint(directory), which restores both (engine.save_checkpoint "
+            "saved them), not engine.ds_engine.load_checkpoint; for a checkpoint without engine state, call "
+            "engine.start_at(steps=...) before the first step.")
+
     def _zero_partitioning(self, zero_stage: int, world_size: int) -> str:
         return zero_partitioning(zero_stage, world_size)
 
