@@ -8,11 +8,17 @@ micro-batches in the same order for the same number of samples (sequences), fp32
     fixed       k = 4 micro-batches per optimizer step
     calibrated  adaptive k in [2, 8] from 4, k_rule "noise_scale" (sigma_target calibrated at the
                 first significant estimate so that k = 4 there; k then follows the noise scale's
-                growth): the default before "critical_batch"
-    critical    adaptive k in [2, 8] from 4, k_rule "critical_batch", the default (k·b follows the
-                noise scale B_simple itself: k grows only while the effective batch is below it)
-    critical_scaled  the same with linear LR scaling (eq. 11: the LR × B_eff / B_base), so a
-                larger batch also takes a larger step
+                growth), the LR not scaled: the defaults before "critical_batch"
+    critical    adaptive k in [2, 8] from 4, k_rule "critical_batch" (k·b follows the noise scale
+                B_simple itself: k grows only while the effective batch is below it), the LR not
+                scaled (lr_scaling=False)
+    critical_scaled  the defaults: the same with linear LR scaling (eq. 11: the LR × B_eff / B_base,
+                lr_scaling's default with adaptive k) from the starting batch (k = 4: the LR given
+                is the starting batch's), so a larger batch also takes a larger step
+    critical_scaled_kmin  the same, lr_scaling=True: scaled from k_min's batch (k = 2), as the
+                optimized preset reads eq. 11, so it starts at twice the LR given
+    fixed_lr2x  fixed k = 4 at twice the LR (scaled from a batch of 2 micro-batches): the control
+                for critical_scaled_kmin's higher LR
 
 Quality is deterministic for a seed on one machine; it is compared per seed (paired with fixed k)
 and over seeds (mean and 95 % t-interval of the paired difference). Seconds are printed for
@@ -42,9 +48,11 @@ print = functools.partial(print, flush=True)  # noqa: A001
 ADAPTIVE = dict(adaptive=True, k=4, k_min=2, k_max=8)
 CONFIGS = {
     "fixed": OptimizationConfig(name="fixed", k=4),
-    "calibrated": OptimizationConfig(name="calibrated", k_rule="noise_scale", **ADAPTIVE),
-    "critical": OptimizationConfig(name="critical", k_rule="critical_batch", **ADAPTIVE),
-    "critical_scaled": OptimizationConfig(name="critical_scaled", k_rule="critical_batch", lr_scaling=True, **ADAPTIVE),
+    "calibrated": OptimizationConfig(name="calibrated", k_rule="noise_scale", lr_scaling=False, **ADAPTIVE),
+    "critical": OptimizationConfig(name="critical", k_rule="critical_batch", lr_scaling=False, **ADAPTIVE),
+    "critical_scaled": OptimizationConfig(name="critical_scaled", **ADAPTIVE),  # the defaults
+    "critical_scaled_kmin": OptimizationConfig(name="critical_scaled_kmin", lr_scaling=True, **ADAPTIVE),
+    "fixed_lr2x": OptimizationConfig(name="fixed_lr2x", k=4, lr_scaling=True),  # base batch: 2 micro-batches
 }
 
 
@@ -66,6 +74,8 @@ def train(name: str, seed: int, args) -> dict:
     model = CharGPT(vocab, args.block_size)
     optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95))
     config = CONFIGS[name].replace(schedule="cosine", clip_norm=1.0)
+    if name == "fixed_lr2x":
+        config = config.replace(base_batch_size=2 * args.micro_batch)
     engine = prepare(model, optimizer, config, micro_batch_size=args.micro_batch, total_samples=args.samples,
                      warmup_samples=args.samples // 10, min_lr=1e-4)
     generator = torch.Generator().manual_seed(10_000 + seed)  # the same micro-batches, in order, for every config

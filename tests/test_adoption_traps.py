@@ -234,3 +234,33 @@ def test_the_critical_batch_rule_grows_k_only_while_the_effective_batch_is_below
     adaptive = OptimizationConfig(adaptive=True, k=2, k_min=2, k_max=8)
     assert adaptive.config_hash() != adaptive.replace(k_rule="noise_scale").config_hash()
     assert OptimizationConfig.baseline().config_hash() == "e4536eadcb"  # the reference records' name
+
+
+def test_with_adaptive_k_the_lr_follows_the_batch_by_default_from_the_batch_it_starts_with():
+    # the default: on with adaptive k, off with a fixed k (where it hashes as the False it replaced)
+    adaptive = OptimizationConfig(adaptive=True, k=4, k_min=2, k_max=8)
+    assert adaptive.lr_scaling is None and adaptive.scales_lr and adaptive.lr_batch_splits == 4
+    assert not OptimizationConfig(k=4).scales_lr
+    assert OptimizationConfig(k=4).config_hash() == OptimizationConfig(k=4, lr_scaling=False).config_hash()
+    # scaled from k_min's batch when set (the optimized preset's eq. 11): another computation
+    assert adaptive.replace(lr_scaling=True).lr_batch_splits == 2
+    assert len({adaptive.config_hash(), adaptive.replace(lr_scaling=True).config_hash(),
+                adaptive.replace(lr_scaling=False).config_hash()}) == 3
+    with pytest.raises(ValueError, match="lr_scaling='yes' is invalid"):
+        OptimizationConfig(lr_scaling="yes")
+
+    def first_lr(config):
+        model = _mlp()
+        engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), config, micro_batch_size=4,
+                         total_samples=4_000)
+        return engine.next_lr
+
+    assert first_lr(adaptive) == pytest.approx(0.1)  # the LR given is the starting batch's
+    assert first_lr(adaptive.replace(lr_scaling=True)) == pytest.approx(0.2)  # 4 micro-batches over k_min's 2
+    assert first_lr(adaptive.replace(lr_scaling=False)) == pytest.approx(0.1)
+    # and it follows k as k moves: k = 8 doubles it
+    model = _mlp()
+    engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), adaptive, micro_batch_size=4,
+                     total_samples=4_000)
+    assert engine.schedule.batch_factor(8 * 4) == pytest.approx(2.0)
+    assert engine.schedule.batch_factor(2 * 4) == pytest.approx(0.5)

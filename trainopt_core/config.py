@@ -45,12 +45,17 @@ FORMER_K_RULE = "noise_scale"
 
 def computation_part(fields: dict) -> dict:
     """A configuration dict (as a record stores it) without its guards and without the later
-    fields at their defaults, and with a fixed-k configuration's unread k_rule at its former
-    default: what `config_hash` and record comparisons read."""
+    fields at their defaults, with a fixed-k configuration's unread k_rule at its former default
+    and its lr_scaling default (None) as the False it means there: what `config_hash` and record
+    comparisons read."""
     part = {key: value for key, value in fields.items()
             if key not in GUARD_FIELDS and not (key in LATER_FIELD_DEFAULTS and value == LATER_FIELD_DEFAULTS[key])}
     if "k_rule" in part and not part.get("adaptive", False):
         part["k_rule"] = FORMER_K_RULE
+    # lr_scaling's default is off for a fixed k, as False was before it; with adaptive k it scales
+    # from the starting k's batch (`lr_batch_splits`), not k_min's as True does: a computation of its own
+    if "lr_scaling" in part and part["lr_scaling"] is None and not part.get("adaptive", False):
+        part["lr_scaling"] = False
     return part
 
 
@@ -90,7 +95,12 @@ class OptimizationConfig:
     schedule: str = "constant"
     warmup_fraction: float = 0.0
     min_lr_ratio: float = 0.1
-    lr_scaling: bool = False
+    # LR × effective batch / base batch (eq. 11's linear scaling); None, the default: on with
+    # adaptive k (its k grows the batch; without the LR following it, a run of a fixed number of
+    # samples takes fewer steps at the same LR and ends worse: docs/adopting.md), off otherwise.
+    # base_batch_size: the batch (samples, all processes) the optimizer's LR is for; default the
+    # micro-batch × `lr_batch_splits` × processes
+    lr_scaling: bool | None = None
     base_batch_size: int | None = None
     clip_norm: float | None = None  # the global gradient L2 norm clipped to; None or 0: no clipping
     # memory
@@ -123,6 +133,8 @@ class OptimizationConfig:
                   "natively: precision.choose_precision)")
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             _fail("k", self.k, "an integer >= 1")
+        if self.lr_scaling not in (None, True, False):
+            _fail("lr_scaling", self.lr_scaling, "True, False, or None (on with adaptive k, else off)")
         for name in ("k_min", "k_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -189,6 +201,19 @@ class OptimizationConfig:
     @property
     def k_start(self) -> int:
         return self.k
+
+    @property
+    def scales_lr(self) -> bool:
+        """Whether the LR follows the effective batch: `lr_scaling`, by default on with adaptive k."""
+        return self.adaptive if self.lr_scaling is None else self.lr_scaling
+
+    @property
+    def lr_batch_splits(self) -> int:
+        """Micro-batches per process of the batch the optimizer's LR is for (base_batch_size's
+        default): the starting k with adaptive k under lr_scaling's default (the LR you give is
+        the one for the batch you start with, and follows k from there); k_min with adaptive k
+        and lr_scaling set (the optimized preset's reading, eq. 11); k when k is fixed."""
+        return self.k_min if self.adaptive and self.lr_scaling is not None else self.k
 
     @property
     def cuda_graphs(self) -> bool:

@@ -63,7 +63,7 @@ class TrainingEngine:
         self.micro_batch_size = micro_batch_size
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
 
-        base_batch = config.base_batch_size or micro_batch_size * max(config.k_min if config.adaptive else config.k, 1) * world_size
+        base_batch = config.base_batch_size or micro_batch_size * config.lr_batch_splits * world_size
         self.base_lrs = remember_base_lrs(optimizer)
         # over samples (eqs. 10-11 as the paper states them) or, given total_steps, over optimizer steps
         self.schedule = make_schedule(config, base_batch_size=base_batch, base_lr=self.base_lrs[0],

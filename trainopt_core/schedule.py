@@ -127,7 +127,7 @@ def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples
     configuration's min_lr_ratio × the first group's base LR)."""
     if total_samples is None and total_steps is None and config.schedule == "constant" and not (warmup_steps or warmup_samples):
         # a constant LR has no horizon to state; decay_steps is never read by its shape
-        return StepLRSchedule(decay_steps=1, kind="constant", lr_scaling=config.lr_scaling,
+        return StepLRSchedule(decay_steps=1, kind="constant", lr_scaling=config.scales_lr,
                               base_batch_size=base_batch_size)
     if (total_samples is None) == (total_steps is None):
         raise ValueError(f"total_samples={total_samples!r}, total_steps={total_steps!r} is invalid: allowed exactly "
@@ -148,7 +148,7 @@ def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples
             fraction = warmup_samples / total_samples
         _constant_takes_no_shape(config, warmup_samples, min_lr, "warmup_samples")
         return LRSchedule(total_samples=total_samples, kind=config.schedule, warmup_fraction=fraction,
-                          min_lr_ratio=_min_lr_ratio(config, min_lr, base_lr), lr_scaling=config.lr_scaling,
+                          min_lr_ratio=_min_lr_ratio(config, min_lr, base_lr), lr_scaling=config.scales_lr,
                           base_batch_size=base_batch_size)
     if warmup_samples is not None:
         raise ValueError(f"warmup_samples={warmup_samples!r} is invalid with total_steps: allowed warmup_steps "
@@ -158,7 +158,7 @@ def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples
         warmup_steps = int(round(config.warmup_fraction * total_steps)) if isinstance(total_steps, int) else 0
     ratio = _min_lr_ratio(config, min_lr, base_lr)
     return StepLRSchedule(decay_steps=total_steps, kind=config.schedule, warmup_steps=warmup_steps, min_lr_ratio=ratio,
-                          lr_scaling=config.lr_scaling, base_batch_size=base_batch_size)
+                          lr_scaling=config.scales_lr, base_batch_size=base_batch_size)
 
 
 def _constant_takes_no_shape(config, warmup, min_lr, warmup_name: str) -> None:

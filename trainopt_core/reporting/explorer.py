@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..checkpointing import expected_saved_fraction
-from ..config import OptimizationConfig
+from ..config import OptimizationConfig, computation_part
 from .index import format_number, markdown_table
 from .results import aggregate
 from .._errors import fail as _fail
@@ -106,11 +106,18 @@ def config_from_components(components, *, k: int | None = None, adaptive: bool =
     if "lr_schedule" in components:
         fields.update(schedule=optimized.schedule, warmup_fraction=optimized.warmup_fraction,
                       min_lr_ratio=optimized.min_lr_ratio, lr_scaling=True, clip_norm=optimized.clip_norm)
+    else:  # the LR as the baseline's, with adaptive k too (the "-lr_schedule" runs)
+        fields.update(lr_scaling=False)
     if "checkpointing" in components:
         fields.update(checkpointing=segments)
     if "zero2" in components:
         fields.update(zero_stage=2)
     return OptimizationConfig.baseline().replace(name="explorer", **fields)
+
+
+def _settings(config: dict) -> dict:
+    """A configuration dict with its defaults resolved as they run (lr_scaling's None)."""
+    return {**config, **{f: v for f, v in computation_part(config).items() if f in _MATCH_FIELDS}}
 
 
 def find_measured(records: list[dict], task: str, config: OptimizationConfig) -> list[dict]:
@@ -119,9 +126,9 @@ def find_measured(records: list[dict], task: str, config: OptimizationConfig) ->
     bf16 instructions, where it ran fp32, counts as asking for it; each record says what ran."""
     from ..reproduction.runner import asked_for_reduced_precision
 
-    wanted = config.to_dict()
+    wanted = _settings(config.to_dict())
     return [r for r in records if r["task"] == task
-            and all(r["config"].get(f) == wanted[f] for f in _MATCH_FIELDS)
+            and all(_settings(r["config"]).get(f) == wanted[f] for f in _MATCH_FIELDS)
             and asked_for_reduced_precision(r) == (config.precision != "fp32")]
 
 
@@ -130,10 +137,11 @@ def nearest_measured(records: list[dict], task: str, config: OptimizationConfig)
     differ -- and those settings ("k: 4 measured, 6 selected"); None when `task` has no runs."""
     from ..reproduction.runner import asked_for_reduced_precision
 
-    wanted, best = config.to_dict(), None
+    wanted, best = _settings(config.to_dict()), None
     for record in {r["config_name"]: r for r in records if r["task"] == task}.values():
-        differ = [f"{field}: {record['config'].get(field)!r} measured, {wanted[field]!r} selected"
-                  for field in _MATCH_FIELDS if record["config"].get(field) != wanted[field]]
+        measured = _settings(record["config"])
+        differ = [f"{field}: {measured.get(field)!r} measured, {wanted[field]!r} selected"
+                  for field in _MATCH_FIELDS if measured.get(field) != wanted[field]]
         if asked_for_reduced_precision(record) != (config.precision != "fp32"):
             differ.append(f"precision: {record['config'].get('precision')!r} measured, {config.precision!r} selected")
         if best is None or len(differ) < len(best[1]):

@@ -218,14 +218,19 @@ def configuration_table(names) -> pd.DataFrame:
     for name in names:
         if name == autoplan.AUTO:  # the optimized schedule and clipping; the rest planned per task and machine
             config = autoplan.auto_from_plan(OptimizationConfig())
-            rows.append({"configuration": name, **{header: _setting(f, getattr(config, f)) if f in autoplan.SCHEDULE_FIELDS
+            rows.append({"configuration": name, **{header: _setting(f, _value(config, f)) if f in autoplan.SCHEDULE_FIELDS
                                                    else "planned" for f, header in CONFIG_HEADERS.items()}})
             continue
         config = OptimizationConfig.preset(name)
-        rows.append({"configuration": name, **{header: _setting(f, getattr(config, f)) for f, header in CONFIG_HEADERS.items()}})
+        rows.append({"configuration": name, **{header: _setting(f, _value(config, f)) for f, header in CONFIG_HEADERS.items()}})
     return pd.DataFrame(rows)
 
 
+
+
+def _value(config: OptimizationConfig, field: str):
+    """A configuration's setting as it runs (lr_scaling's default resolved)."""
+    return config.scales_lr if field == "lr_scaling" else getattr(config, field)
 
 
 def _setting(field: str, value) -> str:
