@@ -237,6 +237,10 @@ def test_config_from_components_reproduces_the_presets():
     assert full.replace(name="optimized") == OptimizationConfig.optimized()
     accumulation = explorer.config_from_components({"accumulation"}, k=4, adaptive=False)
     assert accumulation.replace(name="+accumulation") == ABLATION_LADDER[1]
+    # adaptive k without the LR schedule keeps the LR unscaled, as the "-lr_schedule" runs did
+    no_schedule = explorer.config_from_components(set(explorer.EXPLORER_COMPONENTS) - {"lr_schedule"}, k=6,
+                                                  adaptive=True, precision="fp16")
+    assert no_schedule.replace(name="-lr_schedule") == OptimizationConfig.preset("-lr_schedule")
     with pytest.raises(ValueError, match="components"):
         explorer.config_from_components({"turbo"})
 

@@ -106,8 +106,8 @@ def config_from_components(components, *, k: int | None = None, adaptive: bool =
     if "lr_schedule" in components:
         fields.update(schedule=optimized.schedule, warmup_fraction=optimized.warmup_fraction,
                       min_lr_ratio=optimized.min_lr_ratio, lr_scaling=True, clip_norm=optimized.clip_norm)
-    else:  # the LR as the baseline's, with adaptive k too (the "-lr_schedule" runs)
-        fields.update(lr_scaling=False)
+    elif adaptive and "accumulation" in components:  # the LR as the baseline's, as the "-lr_schedule" runs
+        fields.update(lr_scaling=False)                   # kept it (adaptive k's default scales it)
     if "checkpointing" in components:
         fields.update(checkpointing=segments)
     if "zero2" in components:

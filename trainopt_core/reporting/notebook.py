@@ -226,8 +226,6 @@ def configuration_table(names) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
-
 def _value(config: OptimizationConfig, field: str):
     """A configuration's setting as it runs (lr_scaling's default resolved)."""
     return config.scales_lr if field == "lr_scaling" else getattr(config, field)
