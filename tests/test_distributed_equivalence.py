@@ -141,7 +141,8 @@ def ddp_adaptive_rank(steps):
     rank = dist.get_rank()
     model = torch.nn.parallel.DistributedDataParallel(mlp(torch.float32))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    config = OptimizationConfig(k=1, adaptive=True, k_min=1, k_max=5, sigma_target=0.7, k_rule="variance", noise_window=3)
+    config = OptimizationConfig(k=1, adaptive=True, k_min=1, k_max=5, sigma_target=0.7, k_rule="variance", noise_window=3,
+                                lr_scaling=False)
     engine = prepare(model, optimizer, config, total_samples=10_000, micro_batch_size=4)
     ks, b_simple, estimate_sizes, micro = [engine.k], [], [], 0
     while engine.optimizer_steps < steps:
@@ -225,7 +226,7 @@ def deepspeed_rank():
 
     model = mlp(torch.float32)
     config = OptimizationConfig(k=1, adaptive=True, k_min=1, k_max=5, sigma_target=0.7, k_rule="variance",
-                               noise_window=3, zero_stage=2)
+                               noise_window=3, zero_stage=2, lr_scaling=False)
     engine = prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), config, total_samples=10_000,
                      micro_batch_size=DS_MICRO, backend="deepspeed")
     ks, gas, micro = [engine.k], [engine.ds_engine.gradient_accumulation_steps()], 0
