@@ -346,8 +346,11 @@ class TrainingEngine:
 
     # ------------------------------------------------------------------ internals
     def _resumed_without_position(self) -> bool:
-        """At the first step: the optimizer holds state, but nothing placed the engine's run."""
-        return self.optimizer_steps == 0 and not self._position_restored and bool(self.optimizer.state)
+        """At the first step: resumed state (`_holds_resumed_state`), but nothing placed the engine's run."""
+        return self.optimizer_steps == 0 and not self._position_restored and self._holds_resumed_state()
+
+    def _holds_resumed_state(self) -> bool:
+        return bool(self.optimizer.state)
 
     def _warn_resumed_without_position(self) -> None:
         warn_at_caller(

@@ -361,10 +361,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         return client
 
     # ------------------------------------------------------------------ internals
-    def _resumed_without_position(self) -> bool:
+    def _holds_resumed_state(self) -> bool:
         # DeepSpeed's own load_checkpoint restores its step count and the optimizer, not this engine
-        return self.optimizer_steps == 0 and not self._position_restored and (
-            bool(self.optimizer.state) or getattr(self.ds_engine, "global_steps", 0) > 0)
+        return super()._holds_resumed_state() or getattr(self.ds_engine, "global_steps", 0) > 0
 
     def _warn_resumed_without_position(self) -> None:
         warn_at_caller(

@@ -46,15 +46,14 @@ def ray_module():
 
 
 def _run_one(task: str, config: str, seed: int, profile: str, out_dir: str, data_policy: str, threads: int,
-             options: dict, events=None) -> tuple[dict, dict]:
+             options: dict, events) -> tuple[dict, dict]:
     """One run on a Ray worker: the record, and where it ran. Puts (task, config, seed, host, pid)
     on `events` (a Ray queue) when it starts."""
     import torch
 
     from .runner import run
 
-    if events is not None:
-        events.put((task, config, seed, socket.gethostname(), os.getpid()))
+    events.put((task, config, seed, socket.gethostname(), os.getpid()))
     torch.set_num_threads(max(1, threads))
     started = time.perf_counter()
     record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy, progress=False,
@@ -128,27 +127,29 @@ def run_on_ray(grid: list[tuple[str, str, int]], *, profile: str, out_dir, data_
             again = f" again (Ray's retry {starts[item] - 1}: its worker was lost)" if starts[item] > 1 else ""
             report(f"ray: {task} {config} seed {seed} started{again} on {running[item]}; {counts()}")
 
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-        report_starts()
-        if not ready:
-            continue
-        item = pending.pop(ready[0])
-        try:
-            record, where = ray.get(ready[0])
-        except Exception as error:  # the run's own error (retries are for lost workers), or retries spent
-            raise RuntimeError(f"run {item[0]} {item[1]} seed {item[2]} failed on Ray: "
-                               f"{str(error).strip().splitlines()[-1][:400]}") from error
-        done[item] = record
-        running.pop(item, None)
-        if item[1] == "auto" and item[2] == planners[item[0]]:
-            for waiting in [h for h in held if h[0] == item[0]]:
-                held.remove(waiting)
-                pending[submit(waiting)] = waiting
-        elapsed = time.perf_counter() - started
-        left = len(grid) - len(done)
-        eta = f", about {elapsed / len(done) * left:.0f} s left" if left else ""
-        report(f"ray: {item[0]} {item[1]} seed {item[2]} done on {where['host']} (pid {where['pid']}) in "
-               f"{where['seconds']:.1f} s; {counts()}{eta}")
-    events.shutdown()
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            report_starts()
+            if not ready:
+                continue
+            item = pending.pop(ready[0])
+            try:
+                record, where = ray.get(ready[0])
+            except Exception as error:  # the run's own error (retries are for lost workers), or retries spent
+                raise RuntimeError(f"run {item[0]} {item[1]} seed {item[2]} failed on Ray: "
+                                   f"{str(error).strip().splitlines()[-1][:400]}") from error
+            done[item] = record
+            running.pop(item, None)
+            if item[1] == "auto" and item[2] == planners[item[0]]:
+                for waiting in [h for h in held if h[0] == item[0]]:
+                    held.remove(waiting)
+                    pending[submit(waiting)] = waiting
+            elapsed = time.perf_counter() - started
+            left = len(grid) - len(done)
+            eta = f", about {elapsed / len(done) * left:.0f} s left" if left else ""
+            report(f"ray: {item[0]} {item[1]} seed {item[2]} done on {where['host']} (pid {where['pid']}) in "
+                   f"{where['seconds']:.1f} s; {counts()}{eta}")
+    finally:
+        events.shutdown()  # also when a run failed
     return [done[item] for item in grid]
