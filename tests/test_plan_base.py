@@ -3,12 +3,15 @@ it does not choose, decides on intervals (a tie keeps the script's choice), and 
 that returns its loss and a model-level optimizer factory."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
 from trainopt_core import OptimizationConfig, plan, prepare
 from trainopt_core.planner.choice import choose
+from trainopt_core.planner.result import Plan, against_yours
 
 
 def _row(name, k, speedup, low, high, **extra):
@@ -44,6 +47,20 @@ def test_the_callers_configuration_is_rejected_as_slower_only_on_its_whole_inter
     rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _row("fp32, k=4", 4, 0.80, 0.70, 0.90, yours=True)]
     choose(rows, None, (1.0, 0.0, 0.0))
     assert rows[0]["chosen"] and rows[1]["rejected_because"].startswith("slower than the fp32 baseline")
+
+
+def test_the_choice_against_yours_is_one_ratio_with_its_interval():
+    best, yours = _row("fp32, k=2", 2, 1.5, 1.2, 1.875), _row("fp32, k=4", 4, 1.2, 1.0, 1.44, yours=True)
+    versus = against_yours(best, yours)
+    half = math.hypot(math.log(1.875 / 1.2) / 2, math.log(1.44 / 1.0) / 2)
+    assert versus["mean"] == pytest.approx(1.25)
+    assert (versus["ci_low"], versus["ci_high"]) == pytest.approx((1.25 * math.exp(-half), 1.25 * math.exp(half)))
+    base = _row("fp32, k=1", 1, 1.0, 1.0, 1.0)
+    explained = Plan(config=OptimizationConfig(), chosen=dict(best, chosen=True), baseline=base,
+                     rows=[base, yours, dict(best, chosen=True)], memory_budget_bytes=None, weights=(1.0, 0.0, 0.0),
+                     planning_s=1.0).explain()
+    assert (f"Against your configuration (fp32, k=4, 1.20x the fp32 baseline): 1.25x its samples/s (95 % interval "
+            f"{versus['ci_low']:.2f}-{versus['ci_high']:.2f}, the two speedups' intervals combined)") in explained
 
 
 class _ReturnsLoss(nn.Module):

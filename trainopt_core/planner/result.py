@@ -11,7 +11,20 @@ from ..config import OptimizationConfig
 from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text, smallest_k
 from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval
 from .._errors import fail
+from ..measure.stats import product_ratio
 from .space import candidate_of, configured
+
+
+def against_yours(row: dict, yours: dict) -> dict:
+    """`row`'s speed over the caller's configuration's (`plan(base=...)`): the ratio of their
+    speedups over the fp32 baseline, with a 95 % interval from both speedups' intervals, their
+    log half-widths added in quadrature (`product_ratio`). It is not a window-by-window pairing of
+    the two: their shared baseline windows correlate them, which usually makes it the wider."""
+    inverse = {"mean": 1.0 / yours["speedup"], "n": yours.get("timed_windows") or 0,
+               "ci_low": None if yours.get("speedup_ci_high") is None else 1.0 / yours["speedup_ci_high"],
+               "ci_high": None if yours.get("speedup_ci_low") is None else 1.0 / yours["speedup_ci_low"]}
+    return product_ratio({"mean": row["speedup"], "n": row.get("timed_windows") or 0,
+                          "ci_low": row.get("speedup_ci_low"), "ci_high": row.get("speedup_ci_high")}, inverse)
 
 
 @dataclass
@@ -106,8 +119,11 @@ class Plan:
                  f"  Energy: {self.energy_source or 'not measured'}."]
         own = next((row for row in self.rows if row.get("yours")), None)
         if own is not None and own is not best and own.get("speedup") and best.get("speedup"):
+            versus = against_yours(best, own)
+            interval = "" if versus["ci_low"] is None else \
+                f" (95 % interval {versus['ci_low']:.2f}-{versus['ci_high']:.2f}, the two speedups' intervals combined)"
             lines.append(f"  Against your configuration ({own['candidate']}, {own['speedup']:.2f}x the fp32 baseline): "
-                         f"{best['speedup'] / own['speedup']:.2f}x its samples/s, peak memory "
+                         f"{versus['mean']:.2f}x its samples/s{interval}, peak memory "
                          f"{own['peak_memory_bytes'] / 2**20:.1f} MiB.")
         for row in self.rows:
             if row["candidate"] != best["candidate"] and row["rejected_because"]:
