@@ -225,3 +225,128 @@ def test_the_planner_tracks_a_cuda_graphs_candidate_without_the_breakdown(monkey
     compiled = [row for row in result.rows if row["compile"] and row["peak_memory_bytes"] is not None]
     assert compiled, "no compiled candidate was measured"
     assert asked.count(False) == len(compiled) and asked.count(True) == len(asked) - len(compiled)
+
+
+# ----------------------------------------------------------------------------- attention kernels
+class _Attention(nn.Module):
+    """One self-attention layer through torch's scaled_dot_product_attention, then a classifier.
+    With `needs_flash`, its call runs only where the flash kernel may: an attention call no
+    forced kernel can take, as flash cannot take a model's explicit mask."""
+
+    def __init__(self, needs_flash: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.head, self.needs_flash = nn.Linear(32, 96), nn.Linear(32, 10), needs_flash
+
+    def forward(self, x):
+        q, k, v = self.qkv(x.view(len(x), 4, 8).repeat(1, 1, 4)).view(len(x), 4, 3, 32).unbind(2)
+        if self.needs_flash and not torch.backends.cuda.flash_sdp_enabled():
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return self.head(nn.functional.scaled_dot_product_attention(q, k, v).mean(1))
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(sdpa_backend="fast"), "OptimizationConfig.sdpa_backend='fast' is invalid: allowed one of ('auto', 'flash', "
+                                "'efficient', 'cudnn', 'math')"),
+    (dict(sdpa_backend="flash"), "'auto', 'efficient' or 'math' with precision 'fp32'"),
+])
+def test_the_attention_kernel_is_validated(fields, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        OptimizationConfig(**fields)
+
+
+def test_the_attention_kernel_at_its_default_keeps_every_hash():
+    assert "sdpa_backend" not in OptimizationConfig.baseline().computation_fields()
+    assert OptimizationConfig(sdpa_backend="math").config_hash() != OptimizationConfig().config_hash()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+def test_a_cuda_attention_kernel_on_a_cpu_is_refused_naming_the_field():
+    model = _Attention()
+    with pytest.raises(ValueError, match=r"OptimizationConfig.sdpa_backend='efficient' is invalid: allowed 'auto' or "
+                                         r"'math' on cpu"):
+        prepare(model, _optimizer(model.parameters()), OptimizationConfig(sdpa_backend="efficient"),
+                micro_batch_size=8, device="cpu")
+
+
+def test_the_engine_forces_the_kernel_in_the_forward_and_the_backward_and_puts_it_back():
+    seen = []
+
+    class Spy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("forward", torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("backward", torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+            return grad
+
+    model = _Attention()
+    engine = prepare(model, _optimizer(model.parameters()), OptimizationConfig(sdpa_backend="math"),
+                     micro_batch_size=8, device="cpu")
+    x, y = _batch(8)
+    with engine.autocast():
+        loss = nn.functional.cross_entropy(Spy.apply(model(x)), y)
+    engine.backward(loss)
+    assert engine.step()
+    assert seen == [("forward", False, True), ("backward", False, True)]
+    assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()  # put back
+
+
+def test_calls_sdpa_sees_a_model_that_calls_it_and_not_one_that_does_not():
+    x = _batch(4)[0]
+    assert space.calls_sdpa(lambda: _Attention()(x))
+    assert not space.calls_sdpa(lambda: _model()(x))
+
+
+def test_attention_kernels_are_offered_on_a_gpu_by_precision_and_nowhere_else(monkeypatch):
+    assert space.attention_kernels(Candidate("bf16"), CPU) == ()
+    assert not any("sdpa_backend" in option for option in
+                   space.speed_option_changes(Candidate(), _Attention(), _optimizer, CPU, False, uses_sdpa=True))
+    cuda = torch.device("cuda")
+    assert space.attention_kernels(Candidate("bf16"), cuda) == ("flash", "cudnn")
+    assert space.attention_kernels(Candidate("fp16"), cuda) == ("flash", "cudnn")
+    assert space.attention_kernels(Candidate(), cuda) == ("efficient",)
+    monkeypatch.setattr(torch.utils._foreach_utils, "_get_fused_kernels_supported_devices", lambda: ["cpu", "cuda"])
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: real_zeros(*a, **k))
+    options = space.speed_option_changes(Candidate("bf16"), _Attention(), _optimizer, cuda, False, uses_sdpa=True)
+    assert [o for o in options if "sdpa_backend" in o] == [{"sdpa_backend": "flash"}, {"sdpa_backend": "cudnn"}]
+    assert not any("sdpa_backend" in o for o in
+                   space.speed_option_changes(Candidate("bf16"), _model(), _optimizer, cuda, False, uses_sdpa=False))
+    assert Candidate("bf16", sdpa_backend="cudnn").name == "bf16, k=1, cudnn attention"
+    assert Candidate("bf16", sdpa_backend="cudnn").config().sdpa_backend == "cudnn"
+
+
+@pytest.fixture
+def math_kernel_offered(monkeypatch):
+    """The planner's attention-kernel lever on this CPU: 'math' stands in for a GPU's kernels."""
+    import trainopt_core.planner as planner
+
+    def offered(best, device):
+        return ("math",)
+
+    monkeypatch.setattr(space, "attention_kernels", offered)
+    monkeypatch.setattr(planner, "attention_kernels", offered)
+
+
+def test_plan_times_a_forced_attention_kernel_only_for_a_model_that_calls_sdpa(math_kernel_offered):
+    result = plan(_Attention(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2,
+                  steps_per_window=1)
+    forced = [row for row in result.rows if row["sdpa_backend"] == "math"]
+    assert [row["candidate"] for row in forced] == ["fp32, k=1, math attention"]
+    assert forced[0]["speedup"] is not None and forced[0]["speedup_ci_low"] is not None
+    result = plan(_model(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2, steps_per_window=1)
+    assert not any(row["sdpa_backend"] != "auto" for row in result.rows)
+
+
+def test_an_attention_kernel_that_cannot_run_the_model_is_rejected_and_the_plan_goes_on(math_kernel_offered):
+    result = plan(_Attention(needs_flash=True), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2,
+                  steps_per_window=1)
+    forced = next(row for row in result.rows if row["sdpa_backend"] == "math")
+    assert forced["peak_memory_bytes"] is None
+    assert forced["rejected_because"].startswith("failed: math attention does not run this model's attention: "
+                                                 "No available kernel")
+    assert result.config.sdpa_backend == "auto"

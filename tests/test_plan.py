@@ -661,7 +661,9 @@ def test_a_timing_left_to_the_device_is_sized_once_from_the_baseline_and_said(mo
                   ks=(1,), speed_options=False)
     (note,) = [n for n in result.notes if n.startswith("Timing: ")]
     windows, steps = (int(word) for word in note.split()[1:5:3])
-    assert (windows, steps) == (5, 20)  # this small MLP's step is far under 0.1 s: the cap
+    # this small MLP's step is far under 0.1 s: 5 windows, of as many steps as fill 0.25 s up to the
+    # cap (20 on an idle 2-core CPU, 14 with the CPU shared: the mapping is tested above)
+    assert windows == 5 and 2 <= steps <= 20
     assert "sized to the fp32 baseline's" in note
     # every round of timing has that many windows (a near tie is timed in a second round)
     assert all(row["timed_windows"] and row["timed_windows"] % windows == 0 for row in result.rows)

@@ -28,6 +28,10 @@ MEMORY_FORMATS = ("contiguous", "channels_last")
 # each compiled graph is captured once and replayed, so a launch-bound step stops paying for its
 # kernel launches)
 COMPILE_MODES = ("default", "reduce-overhead")
+# Which kernel runs torch's scaled_dot_product_attention: "auto" (PyTorch's own choice: flash for
+# fp16/bf16 where it can, else memory-efficient, else math), or one of them forced. Flash and
+# cuDNN attention run fp16/bf16 only; flash, efficient and cudnn need a CUDA GPU.
+SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 
 Checkpointing = Union[None, Literal["sqrt"], int]
 # Fields that stop a failing run but never change what a finished one computed.
@@ -35,7 +39,8 @@ GUARD_FIELDS = frozenset({"max_nonfinite_steps"})
 # Fields added after run records were committed, with their defaults: a configuration that leaves
 # them at the default hashes as it did before they existed, so its records stay valid.
 LATER_FIELD_DEFAULTS = {"checkpoint_policy": "full", "compile": False, "optimizer_impl": "default",
-                        "memory_format": "contiguous", "compile_mode": "default", "tf32": False}
+                        "memory_format": "contiguous", "compile_mode": "default", "tf32": False,
+                        "sdpa_backend": "auto"}
 
 
 # k_rule's default before "critical_batch" became it. A configuration that does not adapt k never
@@ -119,6 +124,9 @@ class OptimizationConfig:
     # fp32 matmuls and convolutions on TF32 tensor cores (CUDA GPUs of compute capability >= 8.0):
     # the engine sets torch's TF32 flags around the forward and backward it runs, and restores them
     tf32: bool = False
+    # the kernel torch's scaled_dot_product_attention runs (SDPA_BACKENDS), set around the forward
+    # and the backward (a checkpointed segment's recompute included) the engine runs
+    sdpa_backend: str = "auto"
     # fp16 dynamic loss scaling (torch.amp.GradScaler semantics)
     initial_loss_scale: float = 2.0**16
     loss_scale_growth_interval: int = 2000
@@ -182,6 +190,11 @@ class OptimizationConfig:
                   "in another mode)")
         if not isinstance(self.tf32, bool):
             _fail("tf32", self.tf32, "True or False")
+        if self.sdpa_backend not in SDPA_BACKENDS:
+            _fail("sdpa_backend", self.sdpa_backend, f"one of {SDPA_BACKENDS}")
+        if self.sdpa_backend in ("flash", "cudnn") and self.precision == "fp32":
+            _fail("sdpa_backend", self.sdpa_backend, "'auto', 'efficient' or 'math' with precision 'fp32' (flash and "
+                  "cuDNN attention run fp16/bf16 only)")
         if self.optimizer_impl not in OPTIMIZER_IMPLS:
             _fail("optimizer_impl", self.optimizer_impl, f"one of {OPTIMIZER_IMPLS}")
         if self.memory_format not in MEMORY_FORMATS:
@@ -240,6 +253,9 @@ class OptimizationConfig:
             _fail("tf32", self.tf32, f"False on {device} (TF32 tensor cores need a CUDA GPU of compute capability >= 8.0)")
         if self.compile_mode == "reduce-overhead" and device.type != "cuda":
             _fail("compile_mode", self.compile_mode, f"'default' on {device} (CUDA graphs need a CUDA GPU)")
+        if self.sdpa_backend in ("flash", "efficient", "cudnn") and device.type != "cuda":
+            _fail("sdpa_backend", self.sdpa_backend, f"'auto' or 'math' on {device} (flash, memory-efficient and cuDNN "
+                  "attention kernels need a CUDA GPU)")
         if self.precision in ("fp16", "bf16"):
             dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
             if not autocast_supports(device.type, dtype):

@@ -19,7 +19,6 @@ with the same interface. Both record in `engine.zero_partitioning` what was part
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -168,7 +167,8 @@ class TrainingEngine:
             # CUDA graphs: each micro-batch's forward starts a new replay, so a graph's outputs
             # (the previous micro-batch's, consumed by its backward) may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
-        return mp.autocast(self.device, self.config.precision, tf32=self.config.tf32)
+        return mp.autocast(self.device, self.config.precision, tf32=self.config.tf32,
+                           sdpa_backend=self.config.sdpa_backend)
 
     def _set_grad_sync(self) -> None:
         # DistributedDataParallel decides at *forward* time whether the following backward
@@ -215,7 +215,7 @@ class TrainingEngine:
         scaled = loss * factor
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
-        with mp.tf32_allowed() if self.config.tf32 else contextlib.nullcontext():
+        with mp.kernel_settings(tf32=self.config.tf32, sdpa_backend=self.config.sdpa_backend):
             scaled.backward()
         self._micro_index += 1
         self._step_items += items

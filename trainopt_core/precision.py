@@ -30,19 +30,39 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_LOSS_SCALE = 2.0**-24
 
 
-def autocast(device: torch.device, precision: str, *, tf32: bool = False):
+def autocast(device: torch.device, precision: str, *, tf32: bool = False, sdpa_backend: str = "auto"):
     """The forward-pass context for `precision` (a no-op for fp32), with fp32 matmuls and
-    convolutions on TF32 tensor cores inside it where `tf32` (`tf32_allowed`)."""
-    if tf32:
-        return _tf32_autocast(device, precision)
+    convolutions on TF32 tensor cores inside it where `tf32` (`tf32_allowed`) and attention on
+    the `sdpa_backend` kernel (`kernel_settings`)."""
+    if tf32 or sdpa_backend != "auto":
+        return _autocast_with_kernels(device, precision, tf32, sdpa_backend)
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
 
 
 @contextlib.contextmanager
-def _tf32_autocast(device: torch.device, precision: str):
-    with tf32_allowed(), autocast(device, precision):
+def _autocast_with_kernels(device: torch.device, precision: str, tf32: bool, sdpa_backend: str):
+    with kernel_settings(tf32=tf32, sdpa_backend=sdpa_backend), autocast(device, precision):
+        yield
+
+
+@contextlib.contextmanager
+def kernel_settings(*, tf32: bool = False, sdpa_backend: str = "auto"):
+    """The kernel choices a configuration makes, for a forward or a backward: TF32 where `tf32`
+    (`tf32_allowed`), and torch's scaled_dot_product_attention restricted to the `sdpa_backend`
+    kernel unless "auto" (torch.nn.attention.sdpa_kernel; process-wide, so autograd's backward
+    thread -- and a checkpointed segment's recompute in it -- runs the forward's kernel). Nothing
+    where both are at their defaults."""
+    with contextlib.ExitStack() as stack:
+        if tf32:
+            stack.enter_context(tf32_allowed())
+        if sdpa_backend != "auto":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                       "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[sdpa_backend]
+            stack.enter_context(sdpa_kernel(backend))
         yield
 
 

@@ -34,7 +34,6 @@ DeepSpeed averages the per-replica gradients (equal weight per replica).
 """
 from __future__ import annotations
 
-import contextlib
 
 import math
 import os
@@ -193,7 +192,8 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     def autocast(self):
         """Context for the forward: DeepSpeed holds the module in fp16/bf16 and autocast lets
         fp32 inputs meet those weights (matmuls in the low precision, reductions in fp32)."""
-        return mp.autocast(self.device, self.config.precision, tf32=self.config.tf32)
+        return mp.autocast(self.device, self.config.precision, tf32=self.config.tf32,
+                           sdpa_backend=self.config.sdpa_backend)
 
     def backward(
         self, loss: torch.Tensor, num_items: float | None = None, *, num_samples: int | None = None
@@ -220,7 +220,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             self.monitor.begin_micro_batch(self.device, 1.0 / (weight * self._loss_scale), items)
         if self.config.precision != "fp16":  # on the device: one sync per step, at the boundary
             self._note_loss(loss)
-        with mp.tf32_allowed() if self.config.tf32 else contextlib.nullcontext():
+        with mp.kernel_settings(tf32=self.config.tf32, sdpa_backend=self.config.sdpa_backend):
             self.ds_engine.backward(loss * weight, scale_wrt_gas=False)
         self._ds_step_due = True
         self._micro_index += 1

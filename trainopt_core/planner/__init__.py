@@ -71,10 +71,9 @@ from .choice import check_weights, choose, helps, over_run, pareto_front
 from .memory_model import predict, zero_saving_bytes
 from .result import Plan
 from .search import CPU_TIMING, Search
-from .space import (COMPILE_ON_CPU, Candidate, base_candidate, candidate_of, changes_between, checkpointed_twins,
-                    configured,
-                    fewest_splits_that_fit, native_reduced_precisions, precision_splits, speed_option_changes, splits,
-                    zero_twins)
+from .space import (COMPILE_ON_CPU, Candidate, attention_kernels, base_candidate, candidate_of, changes_between,
+                    checkpointed_twins, configured, fewest_splits_that_fit, native_reduced_precisions,
+                    precision_splits, speed_option_changes, splits, zero_twins)
 from ..compose import deepspeed_available
 from ..config import OptimizationConfig
 
@@ -317,9 +316,12 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                          f"{run_samples * best_s:.1f} s at the best candidate's speed, under the {COMPILE_FLOOR_S:.0f} s "
                          "that compiling a model takes at the least.")
 
+        # attention kernels: a lever where the device offers them (CUDA), for a model that calls SDPA
+        uses_sdpa = bool(attention_kernels(best, search.device)) and search.trial(Candidate()).calls_sdpa()
+
         def options_of(c: Candidate) -> list[dict]:
             return speed_option_changes(c, search.model, search.optimizer_factory, search.device, compile_now,
-                                        optimizer_takes_model)
+                                        optimizer_takes_model, uses_sdpa)
 
         options = options_of(best)
         tried = [best.replace(**option) for option in options]

@@ -188,12 +188,15 @@ class Search:
                                                             breakdown=not candidate.config().cuda_graphs))
                 trial.step()
         except (torch.OutOfMemoryError, RuntimeError) as caught:
-            if not _is_out_of_memory(caught) and not candidate.compile:
+            if not _is_out_of_memory(caught) and not candidate.compile and candidate.sdpa_backend == "auto":
                 raise
             if _is_out_of_memory(caught):
                 error = f"out of memory: {str(caught).splitlines()[0][:120]}"
-            else:  # compiling (or capturing CUDA graphs) failed: a speed option that does not run here
+            elif candidate.compile:  # compiling (or capturing CUDA graphs) failed: a speed option that does not run here
                 error = f"failed: compiling: {type(caught).__name__}: {str(caught).splitlines()[0][:160]}"
+            else:  # no such attention kernel for this model's call (e.g. flash with an explicit mask)
+                error = (f"failed: {candidate.sdpa_backend} attention does not run this model's attention: "
+                         f"{(str(caught).splitlines() or [''])[0][:160]}")
         except Exception as caught:  # torch.compile's own errors (dynamo, inductor) are not RuntimeErrors
             if not candidate.compile:
                 raise

@@ -47,6 +47,7 @@ class Candidate:
     zero_stage: int = 0  # on more than one process: 0 DDP, 1-2 DeepSpeed ZeRO
     compile_mode: str = "default"  # "reduce-overhead": compiled into CUDA graphs
     tf32: bool = False  # fp32 matmuls and convolutions on TF32 tensor cores
+    sdpa_backend: str = "auto"  # the kernel of torch's scaled_dot_product_attention
 
     @property
     def name(self) -> str:
@@ -58,6 +59,8 @@ class Candidate:
             parts.append(f"{self.optimizer_impl} optimizer")
         if self.memory_format != "contiguous":
             parts.append(self.memory_format)
+        if self.sdpa_backend != "auto":
+            parts.append(f"{self.sdpa_backend} attention")
         if self.compile:
             parts.append("compiled" + (" (CUDA graphs)" if self.compile_mode == "reduce-overhead" else ""))
         if self.zero_stage:
@@ -129,10 +132,13 @@ def zero_twins(twin: Candidate) -> list[Candidate]:
 
 
 def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_factory, device: torch.device,
-                         try_compile: bool, optimizer_takes_model: bool = False) -> list[dict]:
+                         try_compile: bool, optimizer_takes_model: bool = False,
+                         uses_sdpa: bool = False) -> list[dict]:
     """The speed options to try on `best`: the optimizer's fused kernels (foreach where it has
     none), channels-last for a model with convolutions, torch.compile where `try_compile` -- on
-    CUDA into CUDA graphs (mode "reduce-overhead") -- (the last two not at a ZeRO stage)."""
+    CUDA into CUDA graphs (mode "reduce-overhead") -- (the last two not at a ZeRO stage), and on
+    CUDA, for a model that calls torch's scaled_dot_product_attention (`uses_sdpa`), its attention
+    kernels forced (`attention_kernels`)."""
     options = []
     # built, never stepped: only its options are read
     probe = optimizer_factory(model if optimizer_takes_model else [torch.nn.Parameter(torch.zeros(1, device=device))])
@@ -157,7 +163,38 @@ def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_fact
         # a plan with a default-mode copy, 2x timed apart.
         options.append({"compile": True, "compile_mode": "reduce-overhead"} if device.type == "cuda"
                        else {"compile": True})
+    if uses_sdpa and best.sdpa_backend == "auto":
+        options += [{"sdpa_backend": kernel} for kernel in attention_kernels(best, device)]
     return options
+
+
+def attention_kernels(best: Candidate, device: torch.device) -> tuple[str, ...]:
+    """The attention kernels to force on `best` on `device`: on a CUDA GPU, flash and cuDNN
+    attention for fp16/bf16 (PyTorch's own order takes flash where it can and tries cuDNN's last;
+    forcing flash shows whether the model's call could take it, e.g. not with an explicit mask),
+    memory-efficient attention for fp32 (flash and cuDNN run fp16/bf16 only). None elsewhere."""
+    if device.type != "cuda":
+        return ()
+    return ("flash", "cudnn") if best.precision in ("fp16", "bf16") else ("efficient",)
+
+
+def calls_sdpa(forward) -> bool:
+    """Whether running `forward()` calls torch.nn.functional.scaled_dot_product_attention (as
+    transformers' "sdpa" attention does)."""
+    from torch.overrides import TorchFunctionMode
+
+    class _Seen(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = False
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen = self.seen or func is torch.nn.functional.scaled_dot_product_attention
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), _Seen() as mode:
+        forward()
+    return mode.seen
 
 
 def base_candidate(base: OptimizationConfig, batch_size: int, num_blocks: int, world_size: int,
@@ -179,7 +216,8 @@ def base_candidate(base: OptimizationConfig, batch_size: int, num_blocks: int, w
     return Candidate(precision=precision, k=k, checkpointing=segments,
                      checkpoint_policy=base.checkpoint_policy if segments else "full",
                      optimizer_impl=base.optimizer_impl, memory_format=base.memory_format, compile=base.compile,
-                     zero_stage=base.zero_stage if world_size > 1 else 0, compile_mode=base.compile_mode, tf32=base.tf32)
+                     zero_stage=base.zero_stage if world_size > 1 else 0, compile_mode=base.compile_mode, tf32=base.tf32,
+                     sdpa_backend=base.sdpa_backend)
 
 
 def configured(candidate: Candidate, base: OptimizationConfig | None, world_size: int = 1) -> OptimizationConfig:

@@ -11,7 +11,7 @@ import torch
 
 from ..compose import prepare
 from ..measure.timing import Timer
-from .space import Candidate
+from .space import Candidate, calls_sdpa
 
 
 def _micro_batches(batch: Sequence[torch.Tensor], k: int) -> list[tuple[torch.Tensor, ...]]:
@@ -80,6 +80,17 @@ class Trial:
         finally:
             self.forward.train(training)
         return sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
+
+    def calls_sdpa(self) -> bool:
+        """Whether this copy's forward calls torch's scaled_dot_product_attention
+        (`space.calls_sdpa`): on the first micro-batch, eagerly, in eval mode, without gradients."""
+        training = self.forward.training
+        self.forward.eval()
+        try:
+            with torch.compiler.set_stance("force_eager"):
+                return calls_sdpa(lambda: self._loss(self.micro[0]))
+        finally:
+            self.forward.train(training)
 
     def _backward(self, micro) -> None:
         loss, items = self._loss(micro)
