@@ -17,7 +17,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ray  # noqa: E402
 import torch  # noqa: E402
 
 from trainopt_core.reproduction import executor  # noqa: E402
@@ -42,10 +41,13 @@ def worker_pids() -> list[int]:
     return pids
 
 
-def timed_run(out: Path, kill: bool) -> tuple[float, dict]:
-    killed = []
+def kill_after_the_first_checkpoint(out: Path) -> tuple[threading.Thread, list[int]]:
+    """A started thread that SIGKILLs the executor's worker processes as soon as a run writing into
+    `out` has saved its first in-run checkpoint (watching for up to 240 s), and the list of the
+    process ids it killed, filled as it does."""
+    killed: list[int] = []
 
-    def kill_after_the_first_checkpoint():
+    def watch():
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not killed:
             if any((out / ".checkpoints").rglob("step*.rank0.pt")):
@@ -54,9 +56,14 @@ def timed_run(out: Path, kill: bool) -> tuple[float, dict]:
                     killed.append(pid)
             time.sleep(0.01)
 
-    watcher = threading.Thread(target=kill_after_the_first_checkpoint, daemon=True)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher, killed
+
+
+def timed_run(out: Path, kill: bool) -> tuple[float, dict]:
     if kill:
-        watcher.start()
+        watcher, killed = kill_after_the_first_checkpoint(out)
     started = time.perf_counter()
     (record,) = executor.run_on_ray([ITEM], out_dir=out, cpus_per_run=1, options=OPTIONS, report=lambda line: None,
                                     **STANDIN)
@@ -69,6 +76,8 @@ def timed_run(out: Path, kill: bool) -> tuple[float, dict]:
 
 
 def main(root: Path) -> None:
+    import ray
+
     torch.set_num_threads(1)  # as the workers train (cpus_per_run=1): the same reductions, the same bits
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:

@@ -2,15 +2,12 @@
 machine a section's smoke grid gives the records a sequential run gives, in every deterministic
 field; a worker killed mid-run (SIGKILL, from outside) is retried by Ray and the run resumes from
 its in-run checkpoint; without Ray the error says how to install it."""
-import os
-import signal
 import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from conftest import load_script
 from trainopt_core.reproduction import executor
 from trainopt_core.reproduction.records import record_differences
 from trainopt_core.reproduction.runner import run
@@ -51,19 +48,6 @@ def ray_cluster():
     ray.shutdown()
 
 
-def _worker_pids() -> list[int]:
-    """Processes whose title says they run the executor's task (Ray names them ray::<function>)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"ray::_run_one" in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
-
-
 @pytest.mark.slow
 def test_a_smoke_grid_on_ray_gives_the_sequential_records(ray_cluster, tmp_path):
     grid = [("cifar10", "baseline", 0), ("cifar10", "auto", 0), ("cifar10", "auto", 1), ("wikitext2", "optimized", 0)]
@@ -95,19 +79,7 @@ def test_a_worker_killed_mid_run_is_retried_and_resumes_from_its_checkpoint(ray_
     item, options = ("cifar10", "-checkpointing", 0), dict(checkpoint_every_steps=1)
     reference = run(*item[:2], seed=0, out_dir=tmp_path / "reference", progress=False, **options, **STANDIN)
     out = tmp_path / "ray"
-    killed = []
-
-    def kill_after_the_first_checkpoint():
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not killed:
-            if any((out / ".checkpoints").rglob("step*.rank0.pt")):
-                for pid in _worker_pids():
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-            time.sleep(0.01)
-
-    watcher = threading.Thread(target=kill_after_the_first_checkpoint, daemon=True)
-    watcher.start()
+    watcher, killed = load_script("scripts/ray_kill_cost.py").kill_after_the_first_checkpoint(out)
     started = time.perf_counter()
     lines = []
     (record,) = executor.run_on_ray([item], out_dir=out, cpus_per_run=1, options=options, report=lines.append,

@@ -47,13 +47,19 @@ def _autocast_with_kernels(device: torch.device, precision: str, tf32: bool, sdp
         yield
 
 
-@contextlib.contextmanager
 def kernel_settings(*, tf32: bool = False, sdpa_backend: str = "auto"):
     """The kernel choices a configuration makes, for a forward or a backward: TF32 where `tf32`
     (`tf32_allowed`), and torch's scaled_dot_product_attention restricted to the `sdpa_backend`
     kernel unless "auto" (torch.nn.attention.sdpa_kernel; process-wide, so autograd's backward
-    thread -- and a checkpointed segment's recompute in it -- runs the forward's kernel). Nothing
-    where both are at their defaults."""
+    thread -- and a checkpointed segment's recompute in it -- runs the forward's kernel). A plain
+    nullcontext where both are at their defaults (every backward enters it)."""
+    if not tf32 and sdpa_backend == "auto":
+        return contextlib.nullcontext()
+    return _kernel_settings(tf32, sdpa_backend)
+
+
+@contextlib.contextmanager
+def _kernel_settings(tf32: bool, sdpa_backend: str):
     with contextlib.ExitStack() as stack:
         if tf32:
             stack.enter_context(tf32_allowed())

@@ -4,6 +4,7 @@ loss at the initial weights, whole steps, and steps timed in parts (`split_step`
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Sequence
 
@@ -62,33 +63,33 @@ class Trial:
         this candidate's precision and micro-batches, micro-batches weighted by their items, run
         eagerly. In eval mode: dropout masks and BatchNorm's per-micro-batch statistics would make it differ
         between candidates for reasons that are not numerical."""
-        training = self.forward.training
-        self.forward.eval()
-        try:
-            # eager: a compiled copy would otherwise compile (and capture) its evaluation too, time
-            # that its compile seconds do not count; the loss is the same computation
-            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-                try:
-                    parts = [self._loss(micro) for micro in self.micro]
-                except TypeError as error:
-                    if self.loss_takes_model:
-                        raise
-                    raise TypeError(
-                        f"{error} -- plan() called loss_fn(model(*inputs), targets) on the batch (inputs..., targets). "
-                        "For a model whose forward takes the targets and returns the loss, pass loss_takes_model=True "
-                        "and loss_fn=lambda model, x, y: model(x, y)[1] (the loss out of what it returns)") from error
-        finally:
-            self.forward.train(training)
+        with self._eager_eval():
+            try:
+                parts = [self._loss(micro) for micro in self.micro]
+            except TypeError as error:
+                if self.loss_takes_model:
+                    raise
+                raise TypeError(
+                    f"{error} -- plan() called loss_fn(model(*inputs), targets) on the batch (inputs..., targets). "
+                    "For a model whose forward takes the targets and returns the loss, pass loss_takes_model=True "
+                    "and loss_fn=lambda model, x, y: model(x, y)[1] (the loss out of what it returns)") from error
         return sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
 
     def calls_sdpa(self) -> bool:
         """Whether this copy's forward calls torch's scaled_dot_product_attention
         (`space.calls_sdpa`): on the first micro-batch, eagerly, in eval mode, without gradients."""
+        with self._eager_eval():
+            return calls_sdpa(lambda: self._loss(self.micro[0]))
+
+    @contextlib.contextmanager
+    def _eager_eval(self):
+        """The copy in eval mode, without gradients, run eagerly: a compiled copy would otherwise
+        compile (and capture) its evaluation too, time that its compile seconds do not count."""
         training = self.forward.training
         self.forward.eval()
         try:
-            with torch.compiler.set_stance("force_eager"):
-                return calls_sdpa(lambda: self._loss(self.micro[0]))
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+                yield
         finally:
             self.forward.train(training)
 
