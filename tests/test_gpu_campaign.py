@@ -125,3 +125,19 @@ def test_the_reports_index_lists_each_gpu_campaigns_goals(tmp_path):
     assert "| GPT-2 auto MFU >= 30 % | 13.5 % [13.5, 13.6] | not met |" in index
     (folder / "summary.json").unlink()
     assert "GPU campaigns" not in write_reports_index(tmp_path).read_text()
+
+
+def test_the_reports_index_shows_each_gpus_latest_campaign(tmp_path):
+    from trainopt_core.reporting.index import write_reports_index
+
+    for name, date, measured in (("campaign", "2026-11-26T10:00:00+00:00", "13.5 %"),
+                                 ("campaign_abc1234", "2026-11-27T09:00:00+00:00", "13.6 %")):
+        folder = tmp_path / "gpu" / "some-gpu" / name
+        folder.mkdir(parents=True)
+        goals = [{"goal": "GPT-2 auto MFU >= 30 %", "measured": measured, "verdict": "not met"}]
+        (folder / "summary.json").write_text(json.dumps({"device": "Some GPU", "goals": goals}))
+        (folder / "environment.json").write_text(json.dumps({"date_utc": date}))
+    index = write_reports_index(tmp_path).read_text()
+    assert index.count("### Some GPU") == 1
+    assert "From `gpu/some-gpu/campaign_abc1234/`, made 2026-11-27." in index
+    assert "| 13.6 % | not met |" in index and "| 13.5 % |" not in index
