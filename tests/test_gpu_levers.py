@@ -350,3 +350,62 @@ def test_an_attention_kernel_that_cannot_run_the_model_is_rejected_and_the_plan_
     assert forced["rejected_because"].startswith("failed: math attention does not run this model's attention: "
                                                  "No available kernel")
     assert result.config.sdpa_backend == "auto"
+
+
+# ----------------------------------------------------------------------------- expandable segments
+def test_expandable_segments_are_validated_and_at_their_default_keep_every_hash():
+    with pytest.raises(ValueError, match=r"OptimizationConfig.expandable_segments=1 is invalid: allowed True or False"):
+        OptimizationConfig(expandable_segments=1)
+    assert "expandable_segments" not in OptimizationConfig.baseline().computation_fields()
+    assert OptimizationConfig.baseline().config_hash() == "e4536eadcb"
+    assert OptimizationConfig(expandable_segments=True).config_hash() != "e4536eadcb"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
+def test_expandable_segments_on_a_cpu_are_refused_naming_the_field_before_anything_is_set(monkeypatch):
+    from trainopt_core import config as config_module
+
+    calls = []
+    monkeypatch.setattr(config_module, "set_allocator_settings", calls.append)
+    model = _model()
+    with pytest.raises(ValueError, match=r"OptimizationConfig.expandable_segments=True is invalid: allowed False "
+                                         r"on cpu \(expandable segments are a setting of CUDA's caching allocator"):
+        prepare(model, _optimizer(model.parameters()), OptimizationConfig(expandable_segments=True),
+                micro_batch_size=8, device="cpu")
+    assert calls == []
+
+
+def test_expandable_segments_release_the_cache_then_set_the_allocator(monkeypatch):
+    from trainopt_core import config as config_module
+
+    calls = []
+    monkeypatch.setattr(config_module, "expandable_segments_supported", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(config_module, "set_allocator_settings", calls.append)
+    config_module.use_expandable_segments("cuda")
+    assert calls == ["empty_cache", "expandable_segments:True"]
+
+
+def _plan_with_budget(budget):
+    model = _model()
+    return plan(model, _optimizer, _batch(), nn.functional.cross_entropy, device="cpu", ks=(1,),
+                memory_budget_bytes=budget, speed_options=False, windows=1, steps_per_window=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CPU's plan")
+def test_on_a_cpu_expandable_segments_are_not_offered():
+    result = _plan_with_budget(2**30)
+    assert result.config.expandable_segments is False
+    assert not any("xpandable" in note for note in result.notes)
+
+
+@pytest.mark.parametrize("budget", [2**30, None])
+def test_where_supported_the_plan_turns_expandable_segments_on_with_a_budget_and_says_so(monkeypatch, budget):
+    import trainopt_core.planner as planner
+
+    monkeypatch.setattr(planner, "expandable_segments_supported", lambda device: True)
+    result = _plan_with_budget(budget)
+    assert result.config.expandable_segments is (budget is not None)
+    (note,) = [note for note in result.notes if "xpandable" in note]
+    assert note.startswith("Expandable segments on" if budget else "Expandable segments left off (no memory budget)")
+    assert "61 %" in note and "3-8 %" in note

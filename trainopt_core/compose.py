@@ -13,7 +13,7 @@ import torch
 from . import precision as mp
 from ._caller import warn_at_caller
 from .checkpointing import SUPPORTED_MODELS, apply_activation_checkpointing, has_block_sequence, unalias_checkpoint_blocks
-from .config import OptimizationConfig
+from .config import OptimizationConfig, use_expandable_segments
 from .engine import TrainingEngine, model_device
 
 BACKENDS = ("torch", "deepspeed", "auto")
@@ -111,6 +111,8 @@ def prepare(
         dist = torch.distributed
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     config = mp.resolve_precision(config, device if device is not None else model_device(model))
+    if config.expandable_segments:  # before gradients, optimizer state and activations are allocated
+        use_expandable_segments(device if device is not None else model_device(model))
     if backend == "auto":
         use_deepspeed = config.zero_stage > 0 and world_size > 1 and deepspeed_available()
         backend = "deepspeed" if use_deepspeed else "torch"

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Literal, Union
@@ -40,7 +41,7 @@ GUARD_FIELDS = frozenset({"max_nonfinite_steps"})
 # them at the default hashes as it did before they existed, so its records stay valid.
 LATER_FIELD_DEFAULTS = {"checkpoint_policy": "full", "compile": False, "optimizer_impl": "default",
                         "memory_format": "contiguous", "compile_mode": "default", "tf32": False,
-                        "sdpa_backend": "auto"}
+                        "sdpa_backend": "auto", "expandable_segments": False}
 
 
 # k_rule's default before "critical_batch" became it. A configuration that does not adapt k never
@@ -127,6 +128,12 @@ class OptimizationConfig:
     # the kernel torch's scaled_dot_product_attention runs (SDPA_BACKENDS), set around the forward
     # and the backward (a checkpointed segment's recompute included) the engine runs
     sdpa_backend: str = "auto"
+    # CUDA's caching allocator grows its segments in place (PyTorch's expandable_segments) instead of
+    # caching blocks of every size it was asked for: what the process reserves stays near what its
+    # tensors hold (reports/gpu/nvidia-h200: +3-8 % over the allocated peak, against up to +61 %
+    # with the default). Process-wide, from prepare() on; CUDA on Linux only
+    # (`expandable_segments_supported`). It changes no computed value, only the memory reserved.
+    expandable_segments: bool = False
     # fp16 dynamic loss scaling (torch.amp.GradScaler semantics)
     initial_loss_scale: float = 2.0**16
     loss_scale_growth_interval: int = 2000
@@ -190,6 +197,8 @@ class OptimizationConfig:
                   "in another mode)")
         if not isinstance(self.tf32, bool):
             _fail("tf32", self.tf32, "True or False")
+        if not isinstance(self.expandable_segments, bool):
+            _fail("expandable_segments", self.expandable_segments, "True or False")
         if self.sdpa_backend not in SDPA_BACKENDS:
             _fail("sdpa_backend", self.sdpa_backend, f"one of {SDPA_BACKENDS}")
         if self.sdpa_backend in ("flash", "cudnn") and self.precision == "fp32":
@@ -256,6 +265,9 @@ class OptimizationConfig:
         if self.sdpa_backend in ("flash", "efficient", "cudnn") and device.type != "cuda":
             _fail("sdpa_backend", self.sdpa_backend, f"'auto' or 'math' on {device} (flash, memory-efficient and cuDNN "
                   "attention kernels need a CUDA GPU)")
+        if self.expandable_segments and not expandable_segments_supported(device):
+            _fail("expandable_segments", self.expandable_segments, f"False on {device} (expandable segments are a "
+                  "setting of CUDA's caching allocator, on Linux)")
         if self.precision in ("fp16", "bf16"):
             dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
             if not autocast_supports(device.type, dtype):
@@ -329,6 +341,37 @@ def tf32_supported(device: torch.device | str) -> bool:
     """Whether `device` has TF32 tensor cores: a CUDA GPU of compute capability >= 8.0 (Ampere on)."""
     device = torch.device(device)
     return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def expandable_segments_supported(device: torch.device | str) -> bool:
+    """Whether `device` can run with expandable segments: a CUDA GPU on Linux, with a torch that
+    sets the allocator's settings at run time."""
+    device = torch.device(device)
+    return (device.type == "cuda" and sys.platform.startswith("linux") and torch.cuda.is_available()
+            and _allocator_settings_setter() is not None)
+
+
+def _allocator_settings_setter():
+    """torch's run-time setter of the caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF's
+    syntax): the accelerator-wide one where torch has it, else CUDA's older one, else None."""
+    return (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+            or getattr(torch.cuda.memory, "_set_allocator_settings", None))
+
+
+def set_allocator_settings(settings: str) -> None:
+    """Set the caching allocator's `settings` (e.g. "expandable_segments:True") for this process."""
+    _allocator_settings_setter()(settings)
+
+
+def use_expandable_segments(device: torch.device | str) -> None:
+    """Turn on expandable segments in CUDA's caching allocator, for this process: blocks cached
+    but unused are released first, so that what is allocated from here on comes from expandable
+    segments. Raises ValueError where `expandable_segments_supported` is False."""
+    if not expandable_segments_supported(device):
+        _fail("expandable_segments", True, f"False on {torch.device(device)} (expandable segments are a setting of "
+              "CUDA's caching allocator, on Linux)")
+    torch.cuda.empty_cache()
+    set_allocator_settings("expandable_segments:True")
 
 
 def autocast_supports(device_type: str, dtype: torch.dtype) -> bool:
