@@ -21,7 +21,10 @@ measured in the same windows):
    with w2 > 0 those on the time-memory Pareto front. Checkpointing only adds recompute, so a
    candidate that already fits is not checkpointed.
 3. Speed options on the best so far: the optimizer's fused kernels (foreach where it has none), channels-last
-   weights for CNNs, torch.compile where it is tried; then the options that helped, together.
+   weights for CNNs, torch.compile where it is tried (on CUDA into CUDA graphs), and on CUDA the
+   attention kernels of a model that calls torch's SDPA; then the options that helped, together.
+   On a CUDA GPU with a memory budget the chosen configuration also gets the caching allocator's
+   expandable segments (a process-wide setting, so not a timed candidate).
 4. With adaptive accumulation only (`adaptive_accumulation=True`): k sets the effective batch
    k·b of the chosen micro-batch b, so it is chosen by goodput -- samples/s × statistical
    efficiency, the efficiency from the gradient noise scale B_simple of the batch (measured with
@@ -110,7 +113,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     `loss_fn(model_output, targets)` returns the mean loss -- or, with `loss_takes_model`,
     `loss_fn(model, *micro_batch)` runs the model itself and returns the mean loss or (mean loss,
     items it averages) (a Hugging Face model called with labels, say). `memory_budget_bytes`: peak
-    memory of a training step allowed (None: no budget). `weights`: eq. 3's (w1, w2, w3) on
+    memory of a training step allowed (None: no budget); on a CUDA GPU it also turns on the
+    allocator's expandable segments in the returned configuration (`with_expandable_segments`). `weights`: eq. 3's (w1, w2, w3) on
     time per sample, peak memory and energy per sample, each relative to the fp32 baseline (the
     energy term is dropped, and said, where no counter is readable). `ks`: the micro-batch splits
     to try (default the powers of two up to 8 that divide the batch). `speed_options`: also try
