@@ -401,11 +401,14 @@ def test_on_a_cpu_expandable_segments_are_not_offered():
 
 @pytest.mark.parametrize("budget", [2**30, None])
 def test_where_supported_the_plan_turns_expandable_segments_on_with_a_budget_and_says_so(monkeypatch, budget):
-    import trainopt_core.planner as planner
-
-    monkeypatch.setattr(planner, "expandable_segments_supported", lambda device: True)
+    monkeypatch.setattr(space, "expandable_segments_supported", lambda device: True)
     result = _plan_with_budget(budget)
     assert result.config.expandable_segments is (budget is not None)
     (note,) = [note for note in result.notes if "xpandable" in note]
     assert note.startswith("Expandable segments on" if budget else "Expandable segments left off (no memory budget)")
     assert "61 %" in note and "3-8 %" in note
+    # chosen again under the other budget, as plan() would
+    again = result.rechoose(memory_budget_bytes=None if budget else 2**30)
+    assert again.config.expandable_segments is (budget is None)
+    assert any(note.startswith("Expandable segments " + ("left off" if budget else "on")) for note in again.notes)
+    assert again.device == "cpu" and again.world_size == result.world_size

@@ -99,6 +99,7 @@ def test_plan_takes_a_script_as_it_is_and_keeps_what_it_does_not_choose():
                   windows=2, steps_per_window=1)
     yours = [row for row in result.rows if row.get("yours")]
     assert [row["candidate"] for row in yours] == ["fp32, k=4"] and yours[0]["speedup"] is not None
+    assert result.rechoose(weights=(0.5, 0.5, 0.0)).base == script  # explain() goes on comparing with yours
     for config in (result.config, result.rechoose(weights=(0.5, 0.5, 0.0)).config):
         assert (config.name, config.schedule, config.warmup_fraction, config.min_lr_ratio, config.clip_norm,
                 config.zero_stage) == ("script", "cosine", 0.1, 0.05, 1.0, 2)

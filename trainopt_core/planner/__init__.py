@@ -76,9 +76,9 @@ from .result import Plan
 from .search import CPU_TIMING, Search
 from .space import (COMPILE_ON_CPU, Candidate, attention_kernels, base_candidate, candidate_of, changes_between,
                     checkpointed_twins, configured, fewest_splits_that_fit, native_reduced_precisions,
-                    precision_splits, speed_option_changes, splits, zero_twins)
+                    precision_splits, speed_option_changes, splits, with_expandable_segments, zero_twins)
 from ..compose import deepspeed_available
-from ..config import OptimizationConfig, expandable_segments_supported
+from ..config import OptimizationConfig
 
 MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
 MAX_ZERO = 4              # ZeRO candidates measured at most (the best's twins first)
@@ -389,31 +389,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                 memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=time.perf_counter() - started,
                 compile_s=search.compile_s, notes=notes, energy_source=search.energy_source, goodput=good,
                 run_samples=run_samples, stage_s=stage_s, base=base,
-                world_size=world)
-
-
-# what the allocator's expandable segments did on a GPU (scripts/expandable_probe.py)
-EXPANDABLE_MEASURED = ("on an H200 the process reserved up to 61 % more than its tensors' peak with the default "
-                       "allocator, 3-8 % more with expandable segments (reports/gpu/nvidia-h200/)")
-
-
-def with_expandable_segments(config: OptimizationConfig, device: torch.device, memory_budget_bytes: float | None,
-                             notes: list[str]) -> OptimizationConfig:
-    """The plan's configuration with CUDA's expandable segments on where a memory budget is given
-    and the device supports them (`expandable_segments_supported`), and a note saying why: the
-    budget is checked against the step's allocated peak, and with expandable segments the memory
-    the process reserves stays near it. Not a timed candidate: the allocator's setting is
-    process-wide, so it would hold for every candidate timed after it. Without a budget, on CUDA,
-    a note says it was left off; elsewhere it is not offered."""
-    if not expandable_segments_supported(device) or config.expandable_segments:
-        return config
-    if memory_budget_bytes is None:
-        notes.append("Expandable segments left off (no memory budget): " + EXPANDABLE_MEASURED + "; with a budget, "
-                     "plan() turns them on.")
-        return config
-    notes.append("Expandable segments on (OptimizationConfig.expandable_segments; prepare() sets them for the "
-                 "process): the budget is checked against the step's allocated peak, and " + EXPANDABLE_MEASURED + ".")
-    return config.replace(expandable_segments=True)
+                world_size=world, device=str(device))
 
 
 __all__ = ["COMPILE_ON_CPU", "Candidate", "Plan", "native_reduced_precisions", "pareto_front", "plan"]

@@ -7,12 +7,14 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import torch
+
 from ..config import OptimizationConfig
 from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text, smallest_k
 from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval
 from .._errors import fail
 from ..measure.stats import product_ratio
-from .space import candidate_of, configured
+from .space import candidate_of, configured, with_expandable_segments
 
 
 def against_yours(row: dict, yours: dict) -> dict:
@@ -50,6 +52,7 @@ class Plan:
     stage_s: dict = field(default_factory=dict)  # planning seconds by stage (where planning time goes)
     base: OptimizationConfig | None = None  # the caller's configuration (plan(base=...)): what `config` keeps
     world_size: int = 1  # processes planned on
+    device: str | None = None  # what it was planned on (rechoose() turns expandable segments on as plan() does)
 
     def frame(self):
         import pandas as pd
@@ -62,7 +65,8 @@ class Plan:
                 "memory_budget_bytes": self.memory_budget_bytes, "weights": list(self.weights),
                 "planning_s": self.planning_s, "compile_s": self.compile_s, "notes": list(self.notes),
                 "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows],
-                "goodput": self.goodput, "run_samples": self.run_samples, "stage_s": dict(self.stage_s)}
+                "goodput": self.goodput, "run_samples": self.run_samples, "stage_s": dict(self.stage_s),
+                "world_size": self.world_size, "device": self.device}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Plan":
@@ -74,7 +78,8 @@ class Plan:
                    planning_s=values["planning_s"], compile_s=values.get("compile_s", 0.0),
                    notes=list(values.get("notes", [])), energy_source=values.get("energy_source"),
                    goodput=values.get("goodput"), run_samples=values.get("run_samples"),
-                   stage_s=dict(values.get("stage_s") or {}))
+                   stage_s=dict(values.get("stage_s") or {}), world_size=values.get("world_size", 1),
+                   device=values.get("device"))
 
     def rechoose(self, *, memory_budget_bytes: float | None = None, weights: Sequence[float] | None = None) -> "Plan":
         """The same measurements chosen again under another budget and/or weights (nothing is
@@ -101,10 +106,13 @@ class Plan:
                                   micro_s=micro_s, batch_size=self.goodput["batch_size"], k_max=self.goodput["k_max"],
                                   world_size=self.goodput.get("world_size", 1))
             config = adaptive_config(config, good)
+        if self.device is not None:
+            config = with_expandable_segments(config, torch.device(self.device), memory_budget_bytes, notes)
         return Plan(config=config, chosen=chosen, baseline=baseline, rows=rows,
                     memory_budget_bytes=memory_budget_bytes, weights=weights, planning_s=self.planning_s,
                     compile_s=self.compile_s, notes=notes, energy_source=self.energy_source, goodput=good,
-                    run_samples=self.run_samples, stage_s=dict(self.stage_s))
+                    run_samples=self.run_samples, stage_s=dict(self.stage_s), base=self.base,
+                    world_size=self.world_size, device=self.device)
 
     def explain(self) -> str:
         base, best = self.baseline, self.chosen
