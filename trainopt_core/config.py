@@ -265,9 +265,8 @@ class OptimizationConfig:
         if self.sdpa_backend in ("flash", "efficient", "cudnn") and device.type != "cuda":
             _fail("sdpa_backend", self.sdpa_backend, f"'auto' or 'math' on {device} (flash, memory-efficient and cuDNN "
                   "attention kernels need a CUDA GPU)")
-        if self.expandable_segments and not expandable_segments_supported(device):
-            _fail("expandable_segments", self.expandable_segments, f"False on {device} (expandable segments are a "
-                  "setting of CUDA's caching allocator, on Linux)")
+        if self.expandable_segments:
+            require_expandable_segments(device)
         if self.precision in ("fp16", "bf16"):
             dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
             if not autocast_supports(device.type, dtype):
@@ -363,13 +362,18 @@ def set_allocator_settings(settings: str) -> None:
     _allocator_settings_setter()(settings)
 
 
+def require_expandable_segments(device: torch.device | str) -> None:
+    """ValueError naming the field where `expandable_segments_supported(device)` is False."""
+    if not expandable_segments_supported(device):
+        _fail("expandable_segments", True, f"False on {torch.device(device)} (expandable segments are a setting of "
+              "CUDA's caching allocator, on Linux)")
+
+
 def use_expandable_segments(device: torch.device | str) -> None:
     """Turn on expandable segments in CUDA's caching allocator, for this process: blocks cached
     but unused are released first, so that what is allocated from here on comes from expandable
     segments. Raises ValueError where `expandable_segments_supported` is False."""
-    if not expandable_segments_supported(device):
-        _fail("expandable_segments", True, f"False on {torch.device(device)} (expandable segments are a setting of "
-              "CUDA's caching allocator, on Linux)")
+    require_expandable_segments(device)
     torch.cuda.empty_cache()
     set_allocator_settings("expandable_segments:True")
 
