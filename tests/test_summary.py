@@ -77,7 +77,10 @@ def test_a_smoke_profile_is_a_plumbing_check_without_verdicts(tmp_path):
 
 
 def test_no_tables_yet_says_so_and_the_command_line_names_the_folder(tmp_path, capsys):
-    assert "No claim of Tables I-IV measured yet" in summary_markdown(tmp_path, profile="quick")
+    # a fresh folder says what is coming and where the reference's answer is
+    empty = summary_markdown(tmp_path, profile="quick")
+    assert "no tables in this reports folder yet" in empty and "01: Tables I and II" in empty
+    assert "The committed reference's answer is at the top of the project's README.md" in empty
     with pytest.raises(ValueError, match="reports_dir=.* is invalid: allowed a reports folder holding <profile>/tables/"):
         main([str(tmp_path), "--profile", "quick"])
     assert main([str(REFERENCE), "--profile", "quick"]) == 0
