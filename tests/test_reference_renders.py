@@ -53,3 +53,27 @@ def test_a_table_the_records_no_longer_give_is_named_and_written_again(tmp_path,
     render.write(reports, render.paper_tables(reports))
     assert render.differing(reports, render.paper_tables(reports)) == []
     assert stale.read_text() == (REFERENCE / "quick" / "tables" / "table1_resnet.md").read_text()
+
+
+def _sentences(text: str) -> list[str]:
+    """The caption's and notes' sentences and clauses (the table's rows left out)."""
+    return [s.strip() for line in text.splitlines() if not line.startswith("|")
+            for s in re.split(r"(?<=[.;]) ", re.sub(r"^\d+\. ", "", line)) if len(s.strip()) > 20]
+
+
+@pytest.mark.parametrize("path", sorted((REFERENCE / "quick" / "tables").glob("*.md")), ids=lambda p: p.stem)
+def test_every_committed_table_has_a_short_caption_and_says_each_thing_once(path):
+    text = path.read_text()
+    caption = text.splitlines()[0]
+    assert len(caption.split()) <= 60, f"{path.name}: a caption of {len(caption.split())} words"
+    sentences = _sentences(text)
+    repeated = {s for s in sentences if sentences.count(s) > 1}
+    assert not repeated, f"{path.name} repeats: {sorted(repeated)[:3]}"
+
+
+def test_every_figure_caption_is_short():
+    from trainopt_core.reporting.index import FIGURE_CAPTIONS
+
+    for stem in (path.stem for path in (REFERENCE / "quick" / "figures").glob("*.png")):
+        assert any(stem.startswith(prefix) for prefix in FIGURE_CAPTIONS), f"{stem} has no caption"
+    assert all(len(text.split()) <= 60 for text in FIGURE_CAPTIONS.values())

@@ -174,6 +174,18 @@ def test_noisy_windows_make_a_throughput_claim_inconclusive_not_flipped():
     assert table.loc["Throughput", "claim_held"] == "inconclusive"
 
 
+def test_two_timing_windows_give_no_interval_and_say_so():
+    # a smoke run times 2 windows: t(0.975, 1) = 12.7 made intervals such as [-100.0, +71601482.6]
+    base = [make_record(seed=0, timing=(1000.0, 500.0))]
+    opt = [make_record(config="optimized", seed=0, precision="bf16", timing=(300.0, 1400.0))]
+    table = reports.main_results_table(base + opt, "cifar10").set_index("metric")
+    assert math.isnan(table.loc["Throughput", "measured_relative_ci_low"])
+    assert table.loc["Throughput", "claim_held"] == "inconclusive (no interval)"
+    shown = reports.format_main_table(table.reset_index()).set_index("Metric")
+    assert shown.loc["Throughput", "Measured change (95% CI)"].endswith("% (2 windows: no interval)")
+    assert shown.loc["Throughput", "Measured baseline"] == "750.0 img/s (2 windows: no interval)"
+
+
 def test_one_seed_leaves_seed_quantities_inconclusive_but_judges_memory():
     records = [make_record(seed=0), make_record(config="optimized", seed=0, peak_memory_bytes=0.7 * 2**30,
                                                 time_to_target_s=70.0)]
