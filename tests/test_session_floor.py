@@ -87,6 +87,13 @@ def test_the_machine_kind_names_the_cpu_family_from_the_manifest_or_says_it_is_u
     assert session_floor.machine_kind(manifest(cpu_model="AMD EPYC")) == "CPU, instruction set and family unknown"
     assert session_floor.machine_kind({"device": "cuda:0", "hardware": {"cpu_isa": "AVX2"}}) is None
     assert "its manifests predate these fields" in session_floor.describe("AVX2, family unknown")
+    # a manifest made now records the family, which its kind then names
+    from trainopt_core.measure import run_manifest
+
+    made = run_manifest(device="cpu")
+    family = made["hardware"]["cpu_family_model"]
+    assert family == "unknown" or " model " in family
+    assert session_floor.machine_kind(made).endswith(family if family != "unknown" else "family unknown")
 
 
 def test_sessions_of_another_workload_or_only_other_timing_settings(tmp_path):
