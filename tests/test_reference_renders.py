@@ -77,3 +77,21 @@ def test_every_figure_caption_is_short():
     for stem in (path.stem for path in (REFERENCE / "quick" / "figures").glob("*.png")):
         assert any(stem.startswith(prefix) for prefix in FIGURE_CAPTIONS), f"{stem} has no caption"
     assert all(len(text.split()) <= 60 for text in FIGURE_CAPTIONS.values())
+
+
+def test_packed_records_are_read_from_their_archive_and_another_folders_records_by_name(tmp_path):
+    import tarfile
+
+    folder = tmp_path / "quick"
+    for part in ("timing", "plans", "tables"):
+        shutil.copytree(REFERENCE / "quick" / part, folder / part)
+    with tarfile.open(folder / "runs.tar.xz", "w:xz", preset=0) as packed:
+        packed.add(REFERENCE / "quick" / "runs", arcname="runs")
+    packed_tables = render.paper_tables(render.Reports(tmp_path, "quick"))
+    assert packed_tables["table2_gpt2"].markdown == (folder / "tables" / "table2_gpt2.md").read_text()
+    # a second timing of the same runs (a rerun/ folder) names the records it renders
+    rerun = tmp_path / "rerun"
+    shutil.copytree(folder, rerun / "quick", ignore=shutil.ignore_patterns("runs.tar.xz"))
+    assert render.main([str(rerun), "--profile", "quick", "--runs", str(folder / "runs.tar.xz")]) == 0
+    with pytest.raises(ValueError, match="runs="):
+        render.Reports(rerun, "quick", runs=folder / "tables")
