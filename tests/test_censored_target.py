@@ -87,3 +87,10 @@ def test_every_seed_reaching_the_target_leaves_the_verdict_as_it_was():
     assert verdict == "held" and change["censoring"]["reached"] == 3
     ratio, censoring = censored_seeds_ratio(_records("b", [1000, 1000]), _records("o", [600, 600]), "samples_to_target")
     assert ratio["mean"] == pytest.approx(0.6) and censoring["reached"] == 2
+
+
+def test_a_verdict_in_brackets_takes_the_seeds_count_inside_its_brackets():
+    censoring = dict(seeds=1, reached=0, other_missed=1, baseline_missed=0, both_missed=0)
+    assert time_to_target_verdict("inconclusive (no interval)", censoring) == (
+        "inconclusive (no interval; 0 of 1 seeds reached the target in both; 1 that missed only in this "
+        "configuration counts at its run's length, a bound)")

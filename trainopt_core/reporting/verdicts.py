@@ -105,6 +105,8 @@ def time_to_target_verdict(verdict: str, censoring: dict | None) -> str:
         verdict = "inconclusive"
     if censoring["reached"] == censoring["seeds"]:
         return verdict
+    if verdict.endswith(")"):  # "inconclusive (no interval)": one pair of brackets
+        return f"{verdict[:-1]}; {censoring_text(censoring)})"
     return f"{verdict} ({censoring_text(censoring)})"
 
 
