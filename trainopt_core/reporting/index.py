@@ -256,7 +256,7 @@ def published_table(table: pd.DataFrame, name: str, title: str, records: list[di
     """What a report shows of `table`: (the frame shown -- `display`, default `readable_frame`,
     without columns that hold nothing, a smoke run's verdicts marked as a plumbing check --, its
     caption, its notes). The notebooks publish it and `render` renders it again from the records."""
-    from .summary import PLUMBING  # imported here: summary imports this module's neighbours
+    from .summary import PLUMBING  # imported here, as in write_reports_index
 
     text, notes = caption(title, records), footnotes(records, timing=name.startswith(TIMED_TABLES))
     shown = display if display is not None else readable_frame(table)
