@@ -105,8 +105,10 @@ windows; *model FLOPs utilization* is analytic training FLOPs per item (recomput
 throughput ÷ the device's peak FLOP/s in that precision.
 
 Every measured value is a mean ± half its 95 % confidence interval: over seeds for what a run
-measures, over timing windows for throughput. Changes are measured on pairs (same seed, same
-timing round), with their 95 % CI.
+measures, over timing windows for throughput; a time to target is a geometric mean with its
+interval in brackets, combined in log space. Changes are measured on pairs (same seed, same timing
+round), with their 95 % CI; where one configuration never reached the target, the change is a
+bound, printed with "≥" or "≤".
 
 **When does a claim hold?** Only when the whole CI of the measured change clears the rule: a
 claimed change holds when the CI lies at or beyond half the claim in the claimed direction, and
@@ -121,7 +123,7 @@ the paper's ±0.5 % and is not held when it lies entirely outside. Anything else
 The summary of this profile's tables as they stand in `reports/<profile>/tables/` when this
 notebook starts: those of the last reproduction (this notebook's Tables I and II below are made
 again from the run records; `./run_all.sh` prints the summary again at its end). A new reports
-folder has none yet.
+folder has none yet: the cell says so and where the committed reference's answer is.
 """),
     code('''from trainopt_core.reporting.summary import profile_summary
 show_markdown(profile_summary(paths.root, profile))''', IGNORE),
@@ -157,7 +159,8 @@ models); the plan is kept in `reports/<profile>/plans/` and reused under the sam
 ## Tables I and II, measured
 
 Means ± half their 95 % CI (no interval with one seed, except peak memory, which is
-bit-identical across seeds and reruns). The paper's absolute values are
+bit-identical across seeds and reruns; none from fewer than 3 timing windows); times to target as
+geometric means [95 % CI]. The paper's absolute values are
 from its GPUs and full-size models; compare the *changes*. The last two columns are `auto`
 and its change vs the baseline (paired like the optimized one's).
 """),
@@ -171,8 +174,8 @@ and its change vs the baseline (paired like the optimized one's).
 ## Quality vs training time
 
 Evaluation quality against training time (evaluation excluded): each configuration's mean over
-its seeds with the 95 % band across them, each seed thin beneath; the dashed black line is the
-profile's target. Time to target is where a seed's curve first crosses it.
+its seeds (perplexity's geometric mean) with the 95 % band across them, each seed thin beneath; the
+dashed black line is the profile's target. Time to target is where a seed's curve first crosses it.
 """),
     code('''for task in tasks:
     display(publish_figure(figures.quality_curves(records, task), paths, table_name("curves", task)))''', IGNORE),

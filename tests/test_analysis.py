@@ -9,7 +9,7 @@ from torch.profiler import record_function
 
 from test_reports import make_record
 from trainopt_core import ABLATION_LADDER, OptimizationConfig
-from trainopt_core.reporting import analysis, explorer
+from trainopt_core.reporting import analysis, explorer, format_bytes_frame
 from trainopt_core.checkpointing import expected_saved_fraction
 
 
@@ -151,6 +151,11 @@ def test_memory_by_category_does_not_compare_against_a_category_the_baseline_lac
     table = analysis.memory_by_category(records, "cifar10")
     assert math.isnan(table.loc["gradients", "optimized vs baseline"])
     assert table.loc["activations", "optimized vs baseline"] == pytest.approx(10 / 2400 - 1)
+    # what it says instead: the bytes the optimized run holds more, signed, in MiB
+    assert table.loc["gradients", "optimized minus baseline"] == pytest.approx(142.0)
+    shown = format_bytes_frame(table.reset_index()).set_index("category")
+    assert shown.loc["gradients", "optimized vs baseline"] == "—"
+    assert shown.loc["gradients", "optimized minus baseline"] == f"+{142 / 2**20:,.3f} MiB"
 
 
 # ------------------------------------------------------------------ operations and activations

@@ -1,10 +1,12 @@
-"""A seed whose run missed the target counts in time to target (censored at the run's length)
-instead of being dropped from the paired ratio, and the verdict says how many seeds reached it."""
+"""A seed whose run missed the target in one configuration counts in time to target (censored at
+the run's length) instead of being dropped from the paired ratio; one that missed in both is left
+out; the verdict says what each counted as, and a ratio every seed only bounds reads as a bound."""
 import math
 
 import pytest
 
 from trainopt_core.reporting.results import censored_seeds_ratio, measured_change
+from trainopt_core.reporting.tables import format_change
 from trainopt_core.reporting.verdicts import claim_verdict, time_to_target_verdict
 
 RUN_SAMPLES = 1_200  # every run trained on this many samples
@@ -40,7 +42,9 @@ def test_a_seed_that_never_reached_the_target_is_not_dropped(timed):
     expected = math.exp((math.log(0.6) + math.log(0.61) + math.log(1.2)) / 3) - 1
     assert change["mean"] == pytest.approx(expected, rel=1e-9)  # the third seed at its bound: 1,200 / 1,000
     assert not verdict.startswith("held")
-    assert verdict.endswith("(2 of 3 seeds reached the target in both; a seed that missed counts at its run's length)")
+    assert verdict.endswith("(2 of 3 seeds reached the target in both; 1 that missed only in this configuration "
+                            "counts at its run's length, a bound)")
+    assert change["bound"] is None  # two seeds measured it
 
 
 def test_held_cannot_stand_on_a_bound_that_flatters_the_claim():
@@ -52,8 +56,18 @@ def test_held_cannot_stand_on_a_bound_that_flatters_the_claim():
 
 
 def test_a_target_the_optimized_runs_never_reached_is_not_held_rather_than_not_measured():
-    _, verdict = _verdict([1000, 1000, 1000], [None, None, None])
+    change, verdict = _verdict([1000, 1000, 1000], [None, None, None])
     assert verdict.startswith("not held: the opposite direction (0 of 3 seeds reached the target in both")
+    # every seed only bounds the ratio from below: it reads as a bound, what its interval guarantees
+    assert change["bound"] == "lower"
+    assert format_change(change["mean"], (change["ci_low"], change["ci_high"]), bound=change["bound"]) == \
+        f"≥ {100 * change['ci_low']:+.1f}%"
+
+
+def test_a_seed_that_missed_in_both_is_left_out_and_the_verdict_says_so():
+    change, verdict = _verdict([1000, 1000, None], [600, 610, None])
+    assert change["censoring"]["both_missed"] == 1 and change["n"] == 2  # two pairs entered the ratio
+    assert verdict.endswith("(2 of 3 seeds reached the target in both; 1 that missed in both is left out)")
 
 
 def test_not_held_cannot_stand_on_a_bound_that_flatters_the_baseline():
@@ -73,3 +87,10 @@ def test_every_seed_reaching_the_target_leaves_the_verdict_as_it_was():
     assert verdict == "held" and change["censoring"]["reached"] == 3
     ratio, censoring = censored_seeds_ratio(_records("b", [1000, 1000]), _records("o", [600, 600]), "samples_to_target")
     assert ratio["mean"] == pytest.approx(0.6) and censoring["reached"] == 2
+
+
+def test_a_verdict_in_brackets_takes_the_seeds_count_inside_its_brackets():
+    censoring = dict(seeds=1, reached=0, other_missed=1, baseline_missed=0, both_missed=0)
+    assert time_to_target_verdict("inconclusive (no interval)", censoring) == (
+        "inconclusive (no interval; 0 of 1 seeds reached the target in both; 1 that missed only in this "
+        "configuration counts at its run's length, a bound)")

@@ -89,3 +89,10 @@ def test_readme_plan_example_for_a_script_keeps_the_scripts_configuration():
              "assert any(row.get('yours') for row in result.rows)\n")
     result = subprocess.run([sys.executable, "-c", setup + snippet + check], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_readme_answers_on_its_first_screen():
+    lines = README.read_text().splitlines()
+    end = next(i for i, line in enumerate(lines, 1) if line.startswith("<!-- summary:end -->"))
+    assert end <= 60, f"the summary block ends on line {end}: the answer belongs in the first 60 lines"
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines"

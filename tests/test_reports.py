@@ -69,8 +69,12 @@ def paired_records(**optimized_overrides):
 # ------------------------------------------------------------------ aggregation
 def test_aggregate_gives_mean_sample_std_and_seed_count():
     agg = reports.aggregate(paired_records()).set_index("config_name")
-    assert agg.loc["baseline", "time_to_target_s_mean"] == pytest.approx(110.0)
-    assert agg.loc["baseline", "time_to_target_s_std"] == pytest.approx(math.sqrt(200.0))  # ddof=1
+    assert agg.loc["baseline", "throughput_mean"] == pytest.approx(1100.0)
+    assert agg.loc["baseline", "throughput_std"] == pytest.approx(math.sqrt(20000.0))  # ddof=1
+    # a time to target is a geometric mean: its interval combines in log space and stays above zero
+    assert agg.loc["baseline", "time_to_target_s_mean"] == pytest.approx(math.sqrt(100.0 * 120.0))
+    assert agg.loc["baseline", "time_to_target_s_std"] == pytest.approx(math.sqrt(200.0))
+    assert 0 < agg.loc["baseline", "time_to_target_s_ci_low"] < 100.0  # two seeds: t = 12.7, still above zero
     assert agg.loc["baseline", "n_seeds"] == 2
     assert agg.loc["optimized", "precision"] == "bf16"
 
@@ -78,7 +82,7 @@ def test_aggregate_gives_mean_sample_std_and_seed_count():
 def test_aggregate_averages_time_to_target_over_seeds_that_reached_it():
     records = [make_record(seed=0, time_to_target_s=50.0), make_record(seed=1, time_to_target_s=None)]
     row = reports.aggregate(records).iloc[0]
-    assert row["time_to_target_s_mean"] == 50.0
+    assert row["time_to_target_s_mean"] == pytest.approx(50.0)
     assert row["time_to_target_s_n"] == 1 and row["n_seeds"] == 2
 
 
@@ -148,8 +152,11 @@ def test_main_results_table_puts_paper_claim_beside_measured_change():
     assert time["measured_relative_ci_low"] == pytest.approx(0.75 / 1.4 - 1)
     assert time["claim_held"] == "held"
     assert time["timing_source"] == "interleaved windows (4)"
+    # geometric means: of samples to target over seeds, of samples/s over windows
+    windows = (1000.0, 1100.0, 1050.0, 980.0)
     base_time = time["measured_baseline"]
-    assert base_time == pytest.approx(1010.0 / (sum((1000.0, 1100.0, 1050.0, 980.0)) / 4))
+    assert base_time == pytest.approx((1000.0 * 1010.0 * 1020.0) ** (1 / 3) / math.prod(windows) ** (1 / 4))
+    assert 0 < time["measured_baseline_ci_low"] < base_time < time["measured_baseline_ci_high"]
     assert table.loc["Throughput", "measured_relative"] == pytest.approx(0.4)
     assert table.loc["Throughput", "claim_held"] == "held"  # +40 % vs claimed +27.4 %
     assert table.loc["Peak memory", "claim_held"] == "held"  # -30 % in every seed vs claimed -25.6 %
@@ -165,6 +172,18 @@ def test_noisy_windows_make_a_throughput_claim_inconclusive_not_flipped():
     table = reports.main_results_table(base + opt, "cifar10").set_index("metric")
     assert table.loc["Throughput", "measured_relative"] > 0.137  # the mean alone would say "held"
     assert table.loc["Throughput", "claim_held"] == "inconclusive"
+
+
+def test_two_timing_windows_give_no_interval_and_say_so():
+    # a smoke run times 2 windows: t(0.975, 1) = 12.7 made intervals such as [-100.0, +71601482.6]
+    base = [make_record(seed=0, timing=(1000.0, 500.0))]
+    opt = [make_record(config="optimized", seed=0, precision="bf16", timing=(300.0, 1400.0))]
+    table = reports.main_results_table(base + opt, "cifar10").set_index("metric")
+    assert math.isnan(table.loc["Throughput", "measured_relative_ci_low"])
+    assert table.loc["Throughput", "claim_held"] == "inconclusive (no interval)"
+    shown = reports.format_main_table(table.reset_index()).set_index("Metric")
+    assert shown.loc["Throughput", "Measured change (95% CI)"].endswith("% (2 windows: no interval)")
+    assert shown.loc["Throughput", "Measured baseline"] == "750.0 img/s (2 windows: no interval)"
 
 
 def test_one_seed_leaves_seed_quantities_inconclusive_but_judges_memory():
@@ -323,9 +342,12 @@ def test_reports_index_lists_each_profile_with_tables_figures_and_manifest(tmp_p
     (tmp_path / "smoke" / "figures").mkdir()
     (tmp_path / "smoke" / "figures" / "curves.png").write_bytes(b"png")
     index = reports.write_reports_index(tmp_path).read_text()
-    assert index.index("## Profile `smoke`") < index.index("## Profile `quick`")
-    assert "a caption" in index and "smoke/figures/curves.png" in index
-    assert "** — Quality vs training time (evaluation excluded): each configuration's mean over seeds" in index
+    # the quick reference first; a smoke run (a plumbing check) has its own page, linked at the end
+    assert index.index("## Profile `quick`") < index.index("## Profile `smoke`: a plumbing check")
+    assert "[smoke/README.md](smoke/README.md)" in index and "a caption" not in index
+    smoke = (tmp_path / "smoke" / "README.md").read_text()
+    assert smoke.startswith("# Profile `smoke`") and "a caption" in smoke and "(./figures/curves.png)" in smoke
+    assert "** — Quality vs training time (evaluation excluded): each configuration's mean over seeds" in smoke
     assert STANDIN in index and "deadbeef" in index and "Test CPU" in index
 
 

@@ -77,11 +77,37 @@ def test_a_smoke_profile_is_a_plumbing_check_without_verdicts(tmp_path):
 
 
 def test_no_tables_yet_says_so_and_the_command_line_names_the_folder(tmp_path, capsys):
-    assert "No claim of Tables I-IV measured yet" in summary_markdown(tmp_path, profile="quick")
+    # a fresh folder says what is coming and where the reference's answer is
+    empty = summary_markdown(tmp_path, profile="quick")
+    assert "no tables in this reports folder yet" in empty and "01: Tables I and II" in empty
+    assert "The committed reference's answer is at the top of the project's README.md" in empty
     with pytest.raises(ValueError, match="reports_dir=.* is invalid: allowed a reports folder holding <profile>/tables/"):
         main([str(tmp_path), "--profile", "quick"])
     assert main([str(REFERENCE), "--profile", "quick"]) == 0
     assert capsys.readouterr().out == profile_summary(REFERENCE, "quick")
+
+
+def test_the_summary_says_beside_its_counts_what_its_intervals_cover_and_how_it_agrees_with_the_previous_reference(
+        tmp_path):
+    for folder in ("quick", "other_machines/old/quick"):
+        for part in ("tables", "timing"):
+            shutil.copytree(REFERENCE / "quick" / part, tmp_path / folder / part)
+    first = profile_summary(tmp_path, "quick").splitlines()[0]
+    # the reference's manifests name no instruction set or CPU family: no between-session floor
+    assert "Its throughput and time intervals cover one session only" in first
+    assert "previous reference" not in first
+    # the previous reference differs in one verdict
+    table = tmp_path / "other_machines/old/quick/tables/table1_resnet.csv"
+    frame = pd.read_csv(table)
+    frame.loc[frame["metric"] == "Final accuracy", "claim_held"] = "held"
+    frame.to_csv(table, index=False)
+    (tmp_path / "previous_reference.json").write_text('{"quick": "other_machines/old/quick"}')
+    first = profile_summary(tmp_path, "quick").splitlines()[0]
+    assert re.search(r"Agreement with the previous reference \(`other_machines/old/quick`, CPU AMD EPYC \(2 logical cores\)\): "
+                     r"\*\*no\*\*, 1 of \d+ verdicts differ and 0 of \d+ throughput and time ratios lie outside", first)
+    (tmp_path / "previous_reference.json").write_text('{"quick": "other_machines/missing/quick"}')
+    with pytest.raises(ValueError, match=r"previous_reference.json\['quick'\]='other_machines/missing/quick' is invalid"):
+        profile_summary(tmp_path, "quick")
 
 
 def test_the_reports_index_opens_with_the_summary(tmp_path):

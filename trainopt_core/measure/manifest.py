@@ -42,6 +42,27 @@ def _cpu_id() -> str | None:
     return platform.processor() or None
 
 
+_VENDORS = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}
+
+
+def cpu_family_model(hardware: dict | None) -> str:
+    """The CPU's vendor, family and model as a manifest's hardware block names them ("AMD family 26
+    model 2"): what, beside the instruction set, predicts how a timing moves between sessions (two
+    virtual machines both called "AMD EPYC" with AVX2 ran 0.54-0.60x apart). Read from
+    ``cpu_family_model`` where the manifest records it, else from ``cpu_id`` ("family 26 model 2
+    stepping 1") with the vendor taken from the model string; "unknown" where neither says."""
+    hardware = hardware or {}
+    if hardware.get("cpu_family_model"):
+        return hardware["cpu_family_model"]
+    words = str(hardware.get("cpu_id") or "").split()
+    fields = dict(zip(words[::2], words[1::2]))
+    if "family" not in fields or "model" not in fields:
+        return "unknown"
+    model = str(hardware.get("cpu_model") or "")
+    vendor = _VENDORS.get(hardware.get("cpu_vendor"), next((v for v in _VENDORS.values() if v in model), ""))
+    return " ".join(part for part in (vendor, f"family {fields['family']} model {fields['model']}") if part)
+
+
 def _torch_cpu_has(probe: str) -> bool:
     check = getattr(torch.cpu, probe, None)  # private probes: absent from some torch builds
     return bool(check is not None and check())
@@ -168,13 +189,14 @@ def run_manifest(profile: str | None = None, device: torch.device | str | None =
     `profile`, `device` and any further keyword fields (seed, data source, config...) are
     recorded as given, so the caller's run record keeps them beside the environment.
     """
+    cpu = {"cpu_model": _cpu_model(), "cpu_vendor": _cpuinfo().get("vendor_id"), "cpu_id": _cpu_id()}
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "profile": profile,
         "device": None if device is None else str(device),
         "hardware": {
-            "cpu_model": _cpu_model(),
-            "cpu_id": _cpu_id(),
+            **cpu,
+            "cpu_family_model": cpu_family_model(cpu),
             "cpu_isa": cpu_isa(),
             "cpu_logical_cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),

@@ -11,6 +11,8 @@
     plans.py      the `auto` configuration's plans: candidate table, re-choosing by budget and weights
     notebook.py   what the section notebooks share (parameters, folders, publishing)
     agreement.py  do two reproductions agree? verdicts that differ, ratios that moved beyond their CI
+    session_floor.py  the between-session spread of timings per machine kind (floors.py: its command)
+    render.py     a reports folder's tables and figures rendered again from its records
 
 It reads what `trainopt_core.reproduction` writes and needs the `notebooks` extra (pandas,
 seaborn, matplotlib, ipywidgets).

@@ -26,6 +26,7 @@ interval, else 0.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -34,7 +35,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..reproduction.throughput import load_throughput
+from .environment import describe_hardware
 from .verdicts import verdict_category
+from .._errors import fail as _fail
 
 RATIO_TOLERANCE = 0.05
 # Row keys of the tables compared (by file-name prefix).
@@ -192,6 +195,36 @@ def format_agreement(result: dict) -> str:
     return "\n".join(lines)
 
 
+# reports/previous_reference.json: {profile: the previous reference's folder, relative to reports/}
+PREVIOUS_REFERENCE = "previous_reference.json"
+
+
+def previous_reference(reports_root: str | Path, profile: str) -> Path | None:
+    """The folder of `profile`'s previous reference, as ``<reports_root>/previous_reference.json``
+    names it (written when a reference is re-executed and the old one moved aside), or None."""
+    pointer = Path(reports_root) / PREVIOUS_REFERENCE
+    if not pointer.is_file():
+        return None
+    folder = json.loads(pointer.read_text()).get(profile)
+    if folder is None:
+        return None
+    if not (Path(reports_root) / folder / "tables").is_dir():
+        _fail(f"{PREVIOUS_REFERENCE}[{profile!r}]", folder, "a report folder under reports/ holding tables/ "
+              "(e.g. other_machines/<machine>/quick)")
+    return Path(reports_root) / folder
+
+
+def agreement_sentence(current: str | Path, previous: str | Path, name: str) -> str:
+    """The agreement check of `current` against `previous` (named `name`) in one sentence."""
+    result = compare_reports(previous, current)
+    timings = _throughput_records(Path(previous))
+    machine = describe_hardware(next(iter(timings.values()))["manifest"]) if timings else "its machine unknown"
+    return (f"Agreement with the previous reference (`{name}`, {machine}): **{'yes' if result['agree'] else 'no'}**, "
+            f"{len(result['verdict_flips'])} of {result['verdicts_compared']} verdicts differ and "
+            f"{len(result['ratios_outside'])} of {result['timing_ratios_compared']} throughput and time ratios lie "
+            "outside the other's 95 % interval.")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainopt_core.reporting.agreement",
                                      description="Compare the tables of two report folders (reports/<profile>).")
@@ -214,4 +247,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["RATIO_TOLERANCE", "compare_reports", "compare_speeds", "format_agreement", "main"]
+__all__ = ["PREVIOUS_REFERENCE", "RATIO_TOLERANCE", "agreement_sentence", "compare_reports", "compare_speeds",
+           "format_agreement", "main", "previous_reference"]

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..measure.stats import summarize
-from .results import aggregate, timed_speed
+from .results import aggregate, geometric_summary, timed_speed
 from .._errors import fail as _fail
 
 STYLE = "whitegrid"
@@ -84,7 +84,8 @@ def _empty(fig: Figure, ax, message: str) -> Figure:
 # ------------------------------------------------------------------ quality vs time
 def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
     """Evaluation quality vs training time (evaluation excluded): per configuration the mean over
-    its seeds (thick, with markers) and the 95 % band across them, each seed thin beneath; the
+    its seeds (thick, with markers; perplexity's geometric mean) and the 95 % band across them
+    (perplexity's in log space, as its axis), each seed thin beneath; the
     profile's target as a dashed black line (accuracy in %, perplexity on a log axis). A run whose
     curve is its un-checkpointed twin's has no clock of its own: it is placed at samples ÷ its
     interleaved-timed samples/s, dashed. The notes are written below the axes, off the data."""
@@ -114,7 +115,9 @@ def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
                 ax.plot(times, values, lw=0.6, alpha=0.35, **style)
         points = min(len(values) for _, values in runs)  # evaluations at the same samples in every seed
         mean_times = [statistics.fmean(times[i] for times, _ in runs) for i in range(points)]
-        spread = [summarize([values[i] for _, values in runs]) for i in range(points)]
+        # perplexity (a log axis) averages as exp(mean loss): its geometric mean, its band in log space
+        over_seeds = summarize if accuracy else geometric_summary
+        spread = [over_seeds([values[i] for _, values in runs]) for i in range(points)]
         ax.plot(mean_times, [s["mean"] for s in spread], marker="o", ms=3, lw=1.8, label=name, **style)
         if len(runs) > 1:
             ax.fill_between(mean_times, [s["ci_low"] for s in spread], [s["ci_high"] for s in spread],
@@ -138,7 +141,8 @@ def quality_curves(records: list[dict], task: str, *, configs=None) -> Figure:
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel("test accuracy (%)" if accuracy else "validation perplexity (log scale)")
     # beside the axes, not over the curves
-    ax.legend(fontsize=8, title=(f"mean of {most_seeds} seeds,\n95 % band; seeds thin" if most_seeds > 1 else None),
+    mean = "mean" if accuracy else "geometric mean"
+    ax.legend(fontsize=8, title=(f"{mean} of {most_seeds} seeds,\n95 % band; seeds thin" if most_seeds > 1 else None),
               title_fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(figure_title("Quality vs training time", chosen), fontsize=9)
     return fig
@@ -192,8 +196,8 @@ def memory_breakdown_bars(records: list[dict], task: str, *, configs=None) -> Fi
 # ------------------------------------------------------------------ scaling
 def scaling_plot(table: pd.DataFrame) -> Figure:
     """Throughput and scaling efficiency T_n/(n·T_1) vs world size; measured points solid, each
-    measured efficiency with its 95 % interval as an error bar; modelled points hollow with
-    dashed lines; the paper's GPU values as crosses."""
+    with its 95 % interval as an error bar (an efficiency of 1 process is 1 by definition);
+    modelled points hollow with dashed lines; the paper's GPU values as crosses."""
     fig, axes = _new_figure(ncols=2, width=6.0)
     if table is None or len(table) == 0:
         return _empty(fig, axes[0], "no scaling rows")
@@ -207,12 +211,12 @@ def scaling_plot(table: pd.DataFrame) -> Figure:
         for ax, column in zip(axes, ("throughput", "efficiency")):
             if len(measured):
                 ax.plot(measured["world_size"], measured[column], "o-", color=colors[config], label=f"{config} (measured)")
-            if column == "efficiency" and "efficiency_ci_low" in measured:
-                with_ci = measured[measured["efficiency_ci_low"].notna() & measured["efficiency_ci_high"].notna()]
-                if len(with_ci):  # the 95 % interval of each measured efficiency
-                    ax.errorbar(with_ci["world_size"], with_ci["efficiency"],
-                                yerr=[with_ci["efficiency"] - with_ci["efficiency_ci_low"],
-                                      with_ci["efficiency_ci_high"] - with_ci["efficiency"]],
+            if f"{column}_ci_low" in measured:
+                with_ci = measured[measured[f"{column}_ci_low"].notna() & measured[f"{column}_ci_high"].notna()]
+                if len(with_ci):  # the 95 % interval of each measured point
+                    ax.errorbar(with_ci["world_size"], with_ci[column],
+                                yerr=[with_ci[column] - with_ci[f"{column}_ci_low"],
+                                      with_ci[f"{column}_ci_high"] - with_ci[column]],
                                 fmt="none", ecolor=colors[config], capsize=4, lw=1)
             if len(modelled):
                 ax.plot(modelled["world_size"], modelled[column], "o--", mfc="none", color=colors[config],

@@ -45,13 +45,13 @@ def main(argv=None) -> int:
                   f"with the floor {counted['inside']} ({100 * counted['inside'] / pairs:.0f} %), one session's alone "
                   f"{counted['inside_one_session']} ({100 * counted['inside_one_session'] / pairs:.0f} %)")
         return 0
-    result = {"method": "between-session SD of the mean log rate (method of moments), RMS over cells; "
+    result = {"method": "between-sitting SD of the mean log rate (method of moments), RMS over cells; "
                         "see trainopt_core/reporting/session_floor.py", "floors": estimate(paths)}
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text if not args.out else f"wrote {args.out}: " + ", ".join(
-        f"{k} rate {100 * v['rate']:.1f} %, ratio {100 * v['ratio']:.1f} % ({v['sessions']} sessions)"
+        f"{k} rate {100 * v['rate']:.1f} %, ratio {100 * v['ratio']:.1f} % ({v['sittings']} sittings on {v['days']} days)"
         for k, v in result["floors"].items()))
     return 0
 

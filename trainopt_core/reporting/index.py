@@ -66,7 +66,7 @@ def footnotes(records: list[dict], *, timing: bool = True) -> list[str]:
     runs' notes split into their clauses, with "from the run of 'X': why" clauses of the same why
     merged into one ("from the runs of 'X', 'Y': why")."""
     ctx = run_context(records)
-    clauses = list(dict.fromkeys(part.strip() for note in ctx["notes"] for part in note.split("; ") if part.strip()))
+    clauses = list(dict.fromkeys(part.strip() for note in ctx["notes"] for part in _clauses(note) if part.strip()))
     merged: dict[tuple[str, str], list[str]] = {}
     order: list = []
     for clause in clauses:
@@ -80,9 +80,11 @@ def footnotes(records: list[dict], *, timing: bool = True) -> list[str]:
             order.append(key)
         merged[key].append(match["name"])
     notes = [f"Model: {ctx['model']}.", f"Precision that ran: {ctx['precision']}."]
-    kinds = sorted({str(r["timing"].get("machine_kind")) for r in records if r.get("timing")}) if timing else []
-    if kinds:  # what a timing interval covers (`session_floor`)
-        notes.append(session_floor.describe(None if kinds == ["None"] else kinds[0]))
+    kinds = list(dict.fromkeys(r["timing"].get("machine_kind") for r in records if r.get("timing"))) if timing else []
+    if kinds:  # what a timing interval covers (`session_floor`), and how a time's interval is made
+        notes.append(session_floor.describe(kinds[0]))
+        notes.append("Time to target: the geometric mean over seeds of samples to target × the timed seconds per "
+                     "sample, its 95 % interval [in brackets] combined in log space.")
     for item in order:
         if isinstance(item, str):
             notes.append(item[0].upper() + item[1:] + ("" if item.endswith(".") else "."))
@@ -92,6 +94,18 @@ def footnotes(records: list[dict], *, timing: bool = True) -> list[str]:
         text = f"{head} {runs} {', '.join(repr(n) for n in names)}: {why}"
         notes.append(text[0].upper() + text[1:] + ("" if text.endswith(".") else "."))
     return notes
+
+
+def _clauses(note: str) -> list[str]:
+    """A run's note split at its "; " outside parentheses ("auto: planned (bf16, k=2; plan record
+    ...), with ...; precision fp16 -> bf16" is two clauses)."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(note):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and note.startswith("; ", i):
+            parts.append(note[start:i])
+            start = i + 2
+    return parts + [note[start:]]
 
 
 def footnotes_markdown(notes: list[str]) -> str:
@@ -109,8 +123,8 @@ FIGURE_CAPTIONS = {
     "op_categories": "Where a training step's time goes: self time by operation category (torch.profiler).",
     "plan_pareto": "The candidates auto's plan measured: time per sample against peak memory, the Pareto front "
                    "joined, the choice ringed.",
-    "scaling": "Data-parallel scaling (Table IV): throughput and efficiency against world size, measured points "
-               "with their 95 % intervals.",
+    "scaling": "Data-parallel scaling (Table IV): throughput and efficiency against world size; measured points "
+               "with their 95 % intervals, modelled ones hollow and dashed, the paper's efficiencies as crosses.",
 }
 
 
@@ -136,8 +150,9 @@ def format_number(value: float) -> str:
 
 
 def format_bytes_frame(frame: pd.DataFrame, *, keep=("vs", "change", "share", "fraction")) -> pd.DataFrame:
-    """A copy of a table of byte counts for reading: numeric columns in MiB, except columns
-    whose name contains one of `keep` (relative changes), shown as signed percentages."""
+    """A copy of a table of byte counts for reading: numeric columns in MiB (signed for a
+    difference, a column named "... minus ..."), except columns whose name contains one of `keep`
+    (relative changes), shown as signed percentages."""
     shown = frame.copy()
     for column in shown.columns:
         if not pd.api.types.is_numeric_dtype(shown[column]):
@@ -145,7 +160,8 @@ def format_bytes_frame(frame: pd.DataFrame, *, keep=("vs", "change", "share", "f
         if any(word in str(column) for word in keep):
             shown[column] = [("—" if pd.isna(v) else f"{100 * v:+.1f}%") for v in shown[column]]
         else:
-            shown[column] = [("—" if pd.isna(v) else f"{v / 2**20:,.3f} MiB") for v in shown[column]]
+            sign = "+" if " minus " in str(column) else ""
+            shown[column] = [("—" if pd.isna(v) else f"{v / 2**20:{sign},.3f} MiB") for v in shown[column]]
     for column in shown.columns:  # category names in words
         if not pd.api.types.is_numeric_dtype(frame[column]):
             shown[column] = [_words(v) if isinstance(v, str) else v for v in shown[column]]
@@ -208,84 +224,136 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
+def table_markdown(name: str, caption_text: str, shown: pd.DataFrame, notes=()) -> str:
+    """A table file's Markdown: ``**name** — caption``, the table, its notes numbered."""
+    text = f"**{name}** — {caption_text}\n\n{markdown_table(shown)}"
+    if notes:
+        text = text.rstrip("\n") + "\n\n" + footnotes_markdown(list(notes)) + "\n"
+    return text
+
+
 def write_table(table: pd.DataFrame, out_dir: str | os.PathLike, name: str, caption_text: str,
                 display: pd.DataFrame | None = None, notes: list[str] | tuple = ()) -> dict[str, Path]:
-    """Write ``<name>.csv`` (the numbers of `table`) and ``<name>.md`` (the caption, then
-    `display` -- default `table` -- as Markdown, then `notes` numbered) under `out_dir`; returns
-    both paths."""
+    """Write ``<name>.csv`` (the numbers of `table`) and ``<name>.md`` (`table_markdown`: the
+    caption, then `display` -- default `table` -- as Markdown, then `notes` numbered) under
+    `out_dir`; returns both paths."""
     if not isinstance(name, str) or not name or any(ch in name for ch in "/\\ "):
         _fail("name", name, "a non-empty file stem without slashes or spaces")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / f"{name}.csv", out / f"{name}.md"
     table.to_csv(csv_path, index=False)
-    shown = display if display is not None else table
-    text = f"**{name}** — {caption_text}\n\n{markdown_table(shown)}"
-    if notes:
-        text = text.rstrip("\n") + "\n\n" + footnotes_markdown(list(notes)) + "\n"
-    md_path.write_text(text)
+    md_path.write_text(table_markdown(name, caption_text, display if display is not None else table, notes))
     return {"csv": csv_path, "markdown": md_path}
+
+
+# Tables whose intervals come from the interleaved timing windows (their notes say what those cover).
+TIMED_TABLES = ("table1", "table2", "table3")
+
+
+def published_table(table: pd.DataFrame, name: str, title: str, records: list[dict],
+                    display: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str, list[str]]:
+    """What a report shows of `table`: (the frame shown -- `display`, default `readable_frame`,
+    without columns that hold nothing, a smoke run's verdicts marked as a plumbing check --, its
+    caption, its notes). The notebooks publish it and `render` renders it again from the records."""
+    from .summary import PLUMBING  # imported here, as in write_reports_index
+
+    text, notes = caption(title, records), footnotes(records, timing=name.startswith(TIMED_TABLES))
+    shown = display if display is not None else readable_frame(table)
+    empty = [c for c in shown.columns
+             if all(v is None or v in ("—", "") or (isinstance(v, float) and math.isnan(v)) for v in shown[c])]
+    shown = shown.drop(columns=empty) if len(empty) < len(shown.columns) else shown  # columns with nothing in them
+    if records and all(r.get("profile") == "smoke" for r in records) and "Claim held?" in shown:
+        # smoke runs one seed for seconds: its tables show the plumbing, not whether claims held
+        shown = shown.assign(**{"Claim held?": [PLUMBING if v not in ("—", "no claim") else v
+                                                for v in shown["Claim held?"]]})
+    return shown, text, notes
 
 
 # ------------------------------------------------------------------ reports/README.md
 def _profile_dirs(root: Path) -> list[Path]:
-    order = {"smoke": 0, "quick": 1, "gpu": 2, "paper": 3}
+    order = {"quick": 0, "gpu": 1, "paper": 2}  # the reference first; a plumbing check (smoke) last
     found = [p for p in root.iterdir() if p.is_dir() and any((p / sub).is_dir() for sub in SUBDIRS)] if root.is_dir() else []
     return sorted(found, key=lambda p: (order.get(p.name, 9), p.name))
 
 
 def write_reports_index(reports_root: str | os.PathLike) -> Path:
-    """Write ``<reports_root>/README.md``: for every profile present, first the summary of whether
-    the paper's claims held (`summary.summary_markdown`), then the environment of its runs (from the records' manifests), every table inline, every figure linked and the
-    executed notebooks. Returns the path."""
+    """Write ``<reports_root>/README.md``: first the answer of every profile that is evidence --
+    did the paper's claims hold (`summary.summary_markdown`) --, then per profile the environment
+    of its runs (from the records' manifests), every table inline, every figure linked and the
+    executed notebooks. A smoke run is a plumbing check: it never goes above the answer; its page
+    is ``<reports_root>/smoke/README.md``, linked at the end. Returns the path."""
     root = resolve_reports_dir(reports_root)
     root.mkdir(parents=True, exist_ok=True)
     # imported here: `python -m trainopt_core.reporting.summary` then finds it not yet imported
     from .summary import profile_summary
 
     profiles = _profile_dirs(root)
+    evidence = [folder for folder in profiles if folder.name not in PLUMBING_PROFILES]
     lines = ["# Reports", ""]
-    for folder in profiles:  # the answer first: did the claims hold, per profile
+    for folder in evidence:  # the answer first: did the claims hold, per profile
         if (folder / "tables").is_dir():
             lines += [profile_summary(root, folder.name).rstrip("\n"), ""]
-    lines += ["Generated from the JSON run records by the notebooks (`./run_all.sh`). Each profile folder "
-             "holds " + ", ".join(f"`{k}/` ({v})" for k, v in SUBDIRS.items()) + ".",
-             "Paper values are the paper's claims; measured values come from the runs listed. "
-             "Measured values are means ± half their 95 % CI (over seeds; over interleaved timing windows "
-             "for throughput). A claim is judged only when the whole CI of the measured change clears the "
-             "rule: *held* when it lies at or beyond half the claimed change (quality: within ±0.5 %), "
-             "*not held* when it lies entirely short of it, *inconclusive* otherwise.", ""]
+    lines += _INTRO
     if not profiles:
         lines += ["_No profile has been run yet._", ""]
+    for folder in evidence:
+        lines += _profile_section(root, folder, folder.relative_to(root).as_posix())
     for folder in profiles:
-        rel = folder.relative_to(root).as_posix()
-        records = load_records(root, folder.name)
-        lines += [f"## Profile `{folder.name}`", "", "### Environment", ""]
-        lines += [f"- **{k}:** {v}" for k, v in describe_manifest(records).items()] + [""]
-        # the paper's tables (table1..table4) first, then the error-analysis tables
-        tables = sorted((folder / "tables").glob("*.md"), key=lambda p: (not p.stem.startswith("table"), p.stem)) \
-            if (folder / "tables").is_dir() else []
-        lines += ["### Tables", ""]
-        for table in tables:
-            lines += [table.read_text().rstrip(), "",
-                      f"CSV: [{rel}/tables/{table.stem}.csv]({rel}/tables/{table.stem}.csv)", ""]
-        if not tables:
-            lines += ["_No tables yet._", ""]
-        figures = sorted((folder / "figures").glob("*.png")) if (folder / "figures").is_dir() else []
-        lines += ["### Figures", ""]
-        for figure in figures:
-            lines += [f"![{figure.stem}]({rel}/figures/{figure.name})", "",
-                      f"**[{figure.stem}]({rel}/figures/{figure.name})** — {figure_caption(figure.stem)}", ""]
-        if not figures:
-            lines += ["_No figures yet._"]
-        notebooks = sorted((folder / "notebooks").glob("*.ipynb")) if (folder / "notebooks").is_dir() else []
-        lines += ["", "### Executed notebooks", ""]
-        lines += [f"- [{n.name}]({rel}/notebooks/{n.name})" for n in notebooks] or ["_None yet._"]
-        lines += [""]
+        if folder.name in PLUMBING_PROFILES:
+            page = [f"# Profile `{folder.name}`", ""]
+            if (folder / "tables").is_dir():
+                page += [profile_summary(root, folder.name).rstrip("\n"), ""]
+            (folder / "README.md").write_text("\n".join(page + _profile_section(root, folder, ".")))
+            lines += [f"## Profile `{folder.name}`: a plumbing check", "",
+                      f"Not evidence: runs of seconds that show the pipeline runs end to end. Its tables and figures: "
+                      f"[{folder.name}/README.md]({folder.name}/README.md).", ""]
+    if (root / "other_machines" / "README.md").is_file():
+        lines += ["## Other machines", "", "Reproductions made on other kinds of machine, one folder per machine: "
+                  "[other_machines/README.md](other_machines/README.md).", ""]
     lines += gpu_campaign_lines(root)
     path = root / "README.md"
     path.write_text("\n".join(lines))
     return path
+
+
+# Profiles whose runs are a plumbing check, not evidence: never above the answer in the index.
+PLUMBING_PROFILES = ("smoke",)
+_INTRO = ["Generated from the JSON run records by the notebooks (`./run_all.sh`). Each profile folder holds "
+          + ", ".join(f"`{k}/` ({v})" for k, v in SUBDIRS.items()) + ".",
+          "Paper values are the paper's claims; measured values come from the runs listed. Measured values are "
+          "means ± half their 95 % CI (over seeds; over interleaved timing windows for throughput; a time to target "
+          "is a geometric mean with its interval in brackets). A claim is "
+          "judged only when the whole CI of the measured change clears the rule: *held* when it lies at or beyond "
+          "half the claimed change (quality: within ±0.5 %), *not held* when it lies entirely short of it, "
+          "*inconclusive* otherwise.", ""]
+
+
+def _profile_section(root: Path, folder: Path, rel: str) -> list[str]:
+    """One profile's environment, tables, figures and executed notebooks, linked from `rel` (the
+    folder as the page that holds the section sees it)."""
+    records = load_records(root, folder.name)
+    lines = [f"## Profile `{folder.name}`", "", "### Environment", ""]
+    lines += [f"- **{k}:** {v}" for k, v in describe_manifest(records).items()] + [""]
+    # the paper's tables (table1..table4) first, then the error-analysis tables
+    tables = sorted((folder / "tables").glob("*.md"), key=lambda p: (not p.stem.startswith("table"), p.stem)) \
+        if (folder / "tables").is_dir() else []
+    lines += ["### Tables", ""]
+    for table in tables:
+        lines += [table.read_text().rstrip(), "", f"CSV: [{rel}/tables/{table.stem}.csv]({rel}/tables/{table.stem}.csv)", ""]
+    if not tables:
+        lines += ["_No tables yet._", ""]
+    figures = sorted((folder / "figures").glob("*.png")) if (folder / "figures").is_dir() else []
+    lines += ["### Figures", ""]
+    for figure in figures:
+        lines += [f"![{figure.stem}]({rel}/figures/{figure.name})", "",
+                  f"**[{figure.stem}]({rel}/figures/{figure.name})** — {figure_caption(figure.stem)}", ""]
+    if not figures:
+        lines += ["_No figures yet._"]
+    notebooks = sorted((folder / "notebooks").glob("*.ipynb")) if (folder / "notebooks").is_dir() else []
+    lines += ["", "### Executed notebooks", ""]
+    lines += [f"- [{n.name}]({rel}/notebooks/{n.name})" for n in notebooks] or ["_None yet._"]
+    return lines + [""]
 
 
 def gpu_campaign_lines(root: Path) -> list[str]:

@@ -7,7 +7,6 @@ deterministic tables (configurations, the paper's claims) that nbval checks.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -23,9 +22,8 @@ from ..reproduction.profiles import PROFILES, TASKS, table_configs
 from ..reproduction.runner import run
 from ..reproduction.throughput import measure_throughput
 from .figures import figure_image, save_figure
-from .index import caption, footnotes, footnotes_markdown, markdown_table, readable_frame, write_table
+from .index import footnotes_markdown, markdown_table, published_table, write_table
 from .results import paper_claims, resolve_reports_dir, with_throughput
-from .summary import PLUMBING
 from .._errors import fail as _fail
 
 # The paper's model of each task, used in table/figure names (never the data set's name: a
@@ -306,23 +304,11 @@ def table_name(kind: str, task: str | None = None) -> str:
     return f"{kind}_{TASK_LABELS[task]['file']}"
 
 
-TIMED_TABLES = ("table1", "table2", "table3")
-
-
 def publish_table(table: pd.DataFrame, paths: ReportPaths, name: str, title: str, records: list[dict],
                   display: pd.DataFrame | None = None) -> None:
-    """Caption `table` with the runs' context (its notes numbered below it), write it (CSV +
-    Markdown) and show it."""
-    # Tables I-III's timing intervals carry the between-session floor (`results`); say what they cover there
-    text, notes = caption(title, records), footnotes(records, timing=name.startswith(TIMED_TABLES))
-    shown = display if display is not None else readable_frame(table)
-    empty = [c for c in shown.columns
-             if all(v is None or v in ("—", "") or (isinstance(v, float) and math.isnan(v)) for v in shown[c])]
-    shown = shown.drop(columns=empty) if len(empty) < len(shown.columns) else shown  # columns with nothing in them
-    if records and all(r.get("profile") == "smoke" for r in records) and "Claim held?" in shown:
-        # smoke runs one seed for seconds: its tables show the plumbing, not whether claims held
-        shown = shown.assign(**{"Claim held?": [PLUMBING if v not in ("—", "no claim") else v
-                                                for v in shown["Claim held?"]]})
+    """Caption `table` with the runs' context (its notes numbered below it: `index.published_table`),
+    write it (CSV + Markdown) and show it."""
+    shown, text, notes = published_table(table, name, title, records, display)
     write_table(table, paths.tables, name, text, display=shown, notes=notes)
     show_markdown(f"**{title}**\n\n{markdown_table(shown)}\n_{text}_\n\n{footnotes_markdown(notes)}")
 

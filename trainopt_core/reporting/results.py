@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import statistics
 from functools import lru_cache
@@ -31,6 +32,8 @@ METRIC_KEYS = ("time_to_target_s", "peak_memory_bytes", "throughput", "final_qua
                "flops_utilization", "energy_j", "train_time_s", "samples_to_target")
 # Bit-identical for every seed and rerun (SPEC §4): one measurement has no spread to estimate.
 DETERMINISTIC = ("peak_memory_bytes",)
+# An interval over timing windows needs at least this many windows (`over_windows`).
+MIN_TIMING_WINDOWS = 3
 
 
 # ------------------------------------------------------------------ paths and loading
@@ -128,7 +131,8 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
 
 
 def as_number(value) -> float:
-    return float(value) if isinstance(value, (int, float)) and value is not None else math.nan
+    """`value` as a float (numpy's numbers included); NaN for anything else (None, text, a bool)."""
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
 
 
 def _put(row: dict, key: str, summary: dict, *, deterministic: bool = False) -> None:
@@ -152,17 +156,42 @@ def _scaled(summary: dict, factor: float) -> dict:
             for k, v in summary.items()}
 
 
+def geometric_summary(values) -> dict:
+    """`measure.summarize` of the logs of positive `values`, reported back on their own scale: the
+    geometric mean and a 95 % interval that stays above zero (what times and their combinations
+    need: a t-interval of three times can reach below zero)."""
+    return dict(measure.paired_ratio(list(values), [1.0] * len(values)), std=measure.summarize(values)["std"])
+
+
+def over_windows(summary: dict) -> dict:
+    """A summary over timing windows, its interval dropped where there are fewer than
+    `MIN_TIMING_WINDOWS`: from 2 windows t(0.975, 1) = 12.7 spans orders of magnitude."""
+    if summary.get("n", 0) >= MIN_TIMING_WINDOWS:
+        return summary
+    return dict(summary, ci_low=None, ci_high=None)
+
+
+def _log_halves(summary: dict) -> tuple[float, float] | None:
+    """The (lower, upper) half-widths of a positive summary's interval in log space."""
+    mean, low, high = summary.get("mean"), summary.get("ci_low"), summary.get("ci_high")
+    if low is None or high is None or not 0 < low <= mean <= high:
+        return None
+    return math.log(mean / low), math.log(high / mean)
+
+
 def _time_to_target(samples: dict, samples_per_s: dict) -> dict:
-    """samples to target (mean over seeds) ÷ samples/s (mean over windows), with the two
-    relative half-widths added in quadrature (independent measurements)."""
+    """samples to target (geometric mean over seeds) ÷ samples/s (over windows), the two factors'
+    half-widths added in quadrature in log space (independent measurements), so the interval
+    stays above zero however wide."""
     if samples.get("mean") is None or not samples_per_s.get("mean"):
         return dict(n=samples.get("n", 0), mean=None)
     mean = samples["mean"] / samples_per_s["mean"]
-    if samples.get("ci_low") is None or samples_per_s.get("ci_low") is None:
+    halves_samples, halves_speed = _log_halves(samples), _log_halves(samples_per_s)
+    if halves_samples is None or halves_speed is None:
         return dict(n=samples["n"], mean=mean, ci_low=None, ci_high=None, std=None)
-    relative = math.hypot((samples["ci_high"] - samples["mean"]) / samples["mean"],
-                          (samples_per_s["ci_high"] - samples_per_s["mean"]) / samples_per_s["mean"])
-    return dict(n=samples["n"], mean=mean, ci_low=mean * (1 - relative), ci_high=mean * (1 + relative), std=None)
+    # a faster speed (its upper half) lowers the time
+    below, above = math.hypot(halves_samples[0], halves_speed[1]), math.hypot(halves_samples[1], halves_speed[0])
+    return dict(n=samples["n"], mean=mean, ci_low=mean * math.exp(-below), ci_high=mean * math.exp(above), std=None)
 
 
 def aggregate(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
@@ -189,18 +218,20 @@ def aggregate(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
         timing = _timing_of(group_records)
         if timing:
             # intervals over this session's windows, widened by the machine kind's between-session spread
-            throughput = session_floor.widen(measure.summarize(timing["items_per_s"]), _floor(timing, "rate"))
+            rate_floor = _floor(timing, "rate")
+            throughput = session_floor.widen(over_windows(measure.summarize(timing["items_per_s"])), rate_floor)
             _put(row, "throughput", throughput)
-            samples_per_s = session_floor.widen(measure.summarize(timing["samples_per_s"]), _floor(timing, "rate"))
-            _put(row, "time_to_target_s", _time_to_target(measure.summarize(group["samples_to_target"].tolist()),
+            samples_per_s = session_floor.widen(over_windows(geometric_summary(timing["samples_per_s"])), rate_floor)
+            _put(row, "time_to_target_s", _time_to_target(geometric_summary(group["samples_to_target"].tolist()),
                                                           samples_per_s))
             metrics = group_records[0].get("metrics", {})
             if metrics.get("flops_per_item") and metrics.get("peak_flops_per_s"):
                 _put(row, "flops_utilization", _scaled(throughput, metrics["flops_per_item"] / metrics["peak_flops_per_s"]))
+            row["timing_windows"] = len(timing["items_per_s"])
             row["timing_source"] = f"interleaved windows ({len(timing['items_per_s'])})"
             row["timing_covers"] = session_floor.describe(timing.get("machine_kind"))
         else:
-            _put(row, "time_to_target_s", measure.summarize(group["time_to_target_wall_s"].tolist()))
+            _put(row, "time_to_target_s", geometric_summary(group["time_to_target_wall_s"].tolist()))
             row["timing_source"] = "each run's own clock (not interleaved)"
         out.append(row)
     return pd.DataFrame(out)
@@ -218,12 +249,12 @@ _CENSORED_AT = {"samples_to_target": lambda r: (r.get("history") or [{}])[-1].ge
 
 def censored_seeds_ratio(base: list[dict], other: list[dict], metric: str) -> tuple[dict, dict]:
     """The paired ratio other/baseline of a time-to-target metric over seeds, where a seed whose
-    run missed the target counts instead of being dropped: censored at its run's length (the
-    target lies beyond it), so its pair enters the ratio at its bound. Returns (the
-    `paired_ratio` summary over every seed with a bound or a value, censoring): censoring says
-    how many seeds both reached, how many there were, and whether a bound leans towards the
-    other configuration (it missed: its true ratio is higher than the bound) or against it
-    (the baseline missed: the true ratio is lower)."""
+    run missed the target in one configuration counts instead of being dropped: censored at that
+    run's length (the target lies beyond it), so its pair enters the ratio at its bound. A seed
+    that missed in both is left out: its pair bounds the ratio neither way. Returns (the
+    `paired_ratio` summary over the seeds that entered, censoring): censoring counts the seeds,
+    those that reached the target in both, those where only the other configuration missed (its
+    true ratio is higher than the bound), only the baseline (lower) and both (left out)."""
     b, o = _per_seed(base, metric), _per_seed(other, metric)
     runs_b = {r.get("seed"): as_number(_CENSORED_AT[metric](r)) for r in base}
     runs_o = {r.get("seed"): as_number(_CENSORED_AT[metric](r)) for r in other}
@@ -246,13 +277,23 @@ def censored_seeds_ratio(base: list[dict], other: list[dict], metric: str) -> tu
     return measure.paired_ratio(numerators, denominators), censoring
 
 
+def censored_bound(censoring: dict) -> str | None:
+    """"lower" where every seed that bounds the ratio has the other configuration missing the
+    target (and none reached it in both): the true ratio lies above what was measured; "upper"
+    where the baseline missed instead; None where some seed measured it (or none bounds it)."""
+    if censoring["reached"] or bool(censoring["other_missed"]) == bool(censoring["baseline_missed"]):
+        return None
+    return "lower" if censoring["other_missed"] else "upper"
+
+
 def measured_change(records: list[dict], task: str, baseline: str, other: str, key: str) -> dict:
     """Relative change other/baseline − 1 of one metric, with its 95 % CI, from paired
     measurements: the same seed for per-seed metrics, the same timing round for throughput;
     time to target multiplies the samples-to-target ratio (seeds) by the seconds-per-sample
     ratio (windows), a seed that missed the target counting at its run's length
-    (`censored_seeds_ratio`). Returns {mean, ci_low, ci_high, n} (None where not measured), and
-    for time to target also `censoring`."""
+    (`censored_seeds_ratio`). Returns {mean, ci_low, ci_high, n} (None where not measured); for time
+    to target also `censoring` and `bound` (`censored_bound`), and for a timed metric `windows`, the
+    timing windows it rests on (no interval below `MIN_TIMING_WINDOWS`)."""
     base = [r for r in records if r["task"] == task and r["config_name"] == baseline]
     opt = [r for r in records if r["task"] == task and r["config_name"] == other]
     empty = dict(mean=None, ci_low=None, ci_high=None, n=0)
@@ -269,23 +310,26 @@ def measured_change(records: list[dict], task: str, baseline: str, other: str, k
     censoring = None
     # a timed ratio's interval carries the machine kind's between-session spread of ratios
     sigma = _floor(base_timing, "ratio") if timed else None
+
+    def windows_ratio(unit: str, numerator: dict, denominator: dict) -> dict:
+        return session_floor.widen(over_windows(measure.paired_ratio(numerator[unit], denominator[unit])), sigma)
+
     if key == "throughput" and timed:
-        ratio = session_floor.widen(measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"]), sigma)
+        ratio = windows_ratio("items_per_s", opt_timing, base_timing)
     elif key == "time_to_target_s" and timed:
         samples, censoring = censored_seeds_ratio(base, opt, "samples_to_target")
-        seconds = session_floor.widen(measure.paired_ratio(base_timing["samples_per_s"], opt_timing["samples_per_s"]),
-                                      sigma)
-        ratio = measure.product_ratio(samples, seconds)
+        ratio = measure.product_ratio(samples, windows_ratio("samples_per_s", base_timing, opt_timing))
     elif key == "time_to_target_s":
         ratio, censoring = censored_seeds_ratio(base, opt, "time_to_target_wall_s")
     elif key == "flops_utilization" and timed:
         b_m, o_m = base[0]["metrics"], opt[0]["metrics"]
         factor = (o_m["flops_per_item"] / o_m["peak_flops_per_s"]) / (b_m["flops_per_item"] / b_m["peak_flops_per_s"])
-        ratio = _scaled(session_floor.widen(measure.paired_ratio(opt_timing["items_per_s"], base_timing["items_per_s"]),
-                                            sigma), factor)
+        ratio = _scaled(windows_ratio("items_per_s", opt_timing, base_timing), factor)
     else:
         ratio = seeds_ratio(key)
-    extra = {} if censoring is None else dict(censoring=censoring)
+    extra = {} if censoring is None else dict(censoring=censoring, bound=censored_bound(censoring))
+    if timed and key in ("throughput", "time_to_target_s", "flops_utilization"):
+        extra["windows"] = min(len(base_timing["items_per_s"]), len(opt_timing["items_per_s"]))
     if ratio.get("mean") is None:
         return dict(empty, **extra)
     low, high = ratio.get("ci_low"), ratio.get("ci_high")

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from .agreement import agreement_sentence, previous_reference
 from .environment import describe_manifest
 from . import session_floor
 from .results import as_number, load_records, profile_dir, stored_throughput
-from .tables import format_change
+from .tables import change_cell, format_change
 from .verdicts import verdict_category
 from .._errors import fail as _fail
 
@@ -34,9 +35,8 @@ _SCALING = (("table4_scaling_resnet", "ResNet"),)
 _NOT_JUDGED = ("no claim", "—", "modelled, not judged")
 
 
-def _change(row, key: str) -> str:
-    return format_change(as_number(row.get(key)), (as_number(row.get(f"{key}_ci_low")),
-                                                   as_number(row.get(f"{key}_ci_high"))))
+def _change(row, key: str, timed: bool = True) -> str:
+    return change_cell(row, key, row.get("timing_windows") if timed else None)
 
 
 def _pct(value) -> str:
@@ -71,10 +71,11 @@ def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
             for short, what in (("time", "time to target"), ("memory", "peak memory")):
                 if r[f"claim_held_{short}"] in _NOT_JUDGED:
                     continue
+                timed = short == "time"
                 rows.append(dict(table="III", claim=f"{model} {r['config']}: {what}",
-                                 paper=_pct(r[f"paper_{short}_change"]), measured=_change(r, f"measured_{short}_change"),
-                                 verdict=r[f"claim_held_{short}"],
-                                 auto="—" if auto is None else _change(auto, f"measured_{short}_change")))
+                                 paper=_pct(r[f"paper_{short}_change"]),
+                                 measured=_change(r, f"measured_{short}_change", timed), verdict=r[f"claim_held_{short}"],
+                                 auto="—" if auto is None else _change(auto, f"measured_{short}_change", timed)))
     for name, model in _SCALING:
         table = _read(tables_dir, name)
         for _, r in (table if table is not None else pd.DataFrame()).iterrows():
@@ -96,31 +97,46 @@ def counts(summary: pd.DataFrame) -> dict[str, int]:
     return {category: int((summary["category"] == category).sum()) for category in SYMBOLS}
 
 
-def profile_summary(reports_dir: str | os.PathLike, profile: str) -> str:
-    """`summary_markdown` of ``<reports_dir>/<profile>/tables``, with the data and hardware its
-    runs' records name."""
+def profile_summary(reports_dir: str | os.PathLike, profile: str, *, tables_dir=None) -> str:
+    """`summary_markdown` of ``<reports_dir>/<profile>/tables`` (or `tables_dir`), with the data and
+    hardware its runs' records name, and beside the counts what its timing intervals cover and,
+    where ``previous_reference.json`` names one, the agreement check against the previous reference."""
     described = describe_manifest(load_records(reports_dir, profile))
     context = {key: described[key] for key in ("Data", "Hardware") if key in described}
     timings = stored_throughput(profile_dir(reports_dir, profile) / "timing", ("cifar10", "wikitext2"))
-    if timings:  # what the timing intervals cover: one session, or the machine kind's sessions too
-        context["Intervals"] = session_floor.describe(session_floor.machine_kind(timings[0].get("manifest"))).rstrip(".")
-    return summary_markdown(Path(reports_dir) / profile / "tables", profile=profile, context=context)
+    headline = []
+    if timings:  # what the timing intervals cover: one session, or the machine kind's sittings too
+        kind = session_floor.machine_kind(timings[0].get("manifest"))
+        context["Intervals"] = session_floor.describe(kind).rstrip(".")
+        if session_floor.one_session_only(kind):
+            headline.append("Its throughput and time intervals cover one session only (no between-session spread is "
+                            "known for this machine): a rerun may land outside them.")
+    previous = previous_reference(reports_dir, profile) if profile != "smoke" else None
+    if previous is not None:
+        headline.append(agreement_sentence(profile_dir(reports_dir, profile), previous,
+                                           previous.relative_to(Path(reports_dir)).as_posix()))
+    return summary_markdown(tables_dir or Path(reports_dir) / profile / "tables", profile=profile, context=context,
+                            headline=headline)
 
 
-def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: dict | None = None) -> str:
-    """The summary as Markdown: a line of counts, the table (claims of the smoke profile carry
-    no verdict: it is a plumbing check), and a line on what it was measured on (`context`:
-    {"Data": ..., "Hardware": ...})."""
+def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: dict | None = None,
+                     headline=()) -> str:
+    """The summary as Markdown: a line of counts (followed by the `headline` sentences), the table
+    (claims of the smoke profile carry no verdict: it is a plumbing check), and a line on what it
+    was measured on (`context`: {"Data": ..., "Hardware": ...})."""
     summary = verdict_summary(tables_dir)
     if summary.empty:
-        return f"_No claim of Tables I-IV measured yet in profile `{profile}`._\n"
+        return (f"_Profile `{profile}` has no tables in this reports folder yet: the section notebooks make them "
+                "from the runs (01: Tables I and II, 02: Table III, 03: Table IV), and `./run_all.sh` prints this "
+                "summary at its end. The committed reference's answer is at the top of the project's README.md "
+                "and of reports/README.md._\n")
     plumbing = profile == "smoke"
     if plumbing:
         head = (f"**Profile `{profile}`: a {PLUMBING}.** One seed, a window or two of timing and runs of a few "
                 "steps show that the pipeline runs end to end; they say nothing about the claims.")
     else:
-        head = f"**Did the paper's claims hold? Profile `{profile}`:** " + " · ".join(
-            f"{n} {SYMBOLS[c]} {c}" for c, n in counts(summary).items() if n) + "."
+        head = " ".join([f"**Did the paper's claims hold? Profile `{profile}`:** " + " · ".join(
+            f"{n} {SYMBOLS[c]} {c}" for c, n in counts(summary).items() if n) + ".", *headline])
     lines = [head, "", "| Table | Claim | Paper | Measured (95% CI) | Verdict | `auto` (95% CI) |",
              "|---|---|---|---|---|---|"]
     for _, r in summary.iterrows():
@@ -128,7 +144,8 @@ def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: di
         lines.append(f"| {r['table']} | {r['claim']} | {r['paper']} | {r['measured']} | {verdict} | {r['auto']} |")
     lines += ["", "Measured: the change from the baseline (Table IV: the scaling efficiency) with its 95 % interval "
               "(over seeds; throughput and time over interleaved timing windows; peak memory is the same in every "
-              "seed, so its interval has no width). `auto`: the configuration `plan()` chose on the same machine, "
+              "seed, so its interval has no width); \"≥\" marks a bound, where one configuration never reached the "
+              "target: what its interval guarantees. `auto`: the configuration `plan()` chose on the same machine, "
               "its change from the baseline (one configuration: the same in every Table III row); the paper "
               "claims nothing for it."]
     for key, value in (context or {}).items():
@@ -144,7 +161,8 @@ def main(argv=None) -> int:
     tables = Path(args.reports_dir) / args.profile / "tables"
     if not tables.is_dir():
         _fail("reports_dir", str(tables), "a reports folder holding <profile>/tables/ (run ./run_all.sh first)")
-    print(profile_summary(args.reports_dir, args.profile), end="")
+    # a path on the command line is the shell's, not relative to notebooks/ (`results.resolve_reports_dir`)
+    print(profile_summary(Path(args.reports_dir).resolve(), args.profile), end="")
     return 0
 
 

@@ -14,7 +14,7 @@ import math
 import pandas as pd
 
 from ..config import ABLATION_LADDER, leave_one_out
-from .results import aggregate, as_number, measured_change, paper_claims
+from .results import MIN_TIMING_WINDOWS, aggregate, as_number, measured_change, paper_claims
 from .verdicts import claim_verdict, efficiency_verdict, relative_change, time_to_target_verdict
 from .._errors import fail as _fail
 
@@ -35,6 +35,9 @@ _MAIN_ROWS = {
         ("Model FLOPs utilization", "flops_utilization", None, "change", "%"),
     ]),
 }
+
+# Metrics taken from the interleaved timing windows when they are attached.
+TIMED = ("time_to_target_s", "throughput", "flops_utilization")
 
 # Table III's paper rows under our ladder's names (the paper has no ZeRO-2 rung).
 _PAPER_LADDER_NAMES = {
@@ -96,6 +99,7 @@ def main_results_table(records: list[dict], task: str, *, baseline: str = "basel
             auto_change = measured_change(task_records, task, baseline, auto, key)
             measured["measured_auto_relative"] = math.nan if auto_change["mean"] is None else auto_change["mean"]
             measured["measured_auto_relative_ci_low"], measured["measured_auto_relative_ci_high"] = _ci(auto_change)
+            measured["measured_auto_relative_bound"] = auto_change.get("bound") or ""
         change = measured_change(task_records, task, baseline, optimized, key)
         rel = math.nan if change["mean"] is None else change["mean"]
         ci = _ci(change)
@@ -108,16 +112,15 @@ def main_results_table(records: list[dict], task: str, *, baseline: str = "basel
             **measured,
             measured_unit=_measured_unit(key, task),
             measured_relative=rel, measured_relative_ci_low=ci[0], measured_relative_ci_high=ci[1],
-            timing_source=base["timing_source"] if base is not None and key in _TIMED else "",
+            measured_relative_bound=change.get("bound") or "",
+            timing_source=base["timing_source"] if base is not None and key in TIMED else "",
+            timing_windows=change.get("windows", math.nan),
             claim_held=time_to_target_verdict(
                 claim_verdict(claim["relative"] if claim else None, rel, ci=ci, kind=kind,
                               higher_is_better=task == "cifar10" if kind == "comparable" else None),
                 change.get("censoring") if claim else None),
         ))
     return pd.DataFrame(out)
-
-
-_TIMED = ("time_to_target_s", "throughput", "flops_utilization")
 
 
 def _display_scale(key: str, unit: str, value: float) -> tuple[float, str]:
@@ -132,31 +135,52 @@ def _display_scale(key: str, unit: str, value: float) -> tuple[float, str]:
 
 
 def format_value(value: float, key: str, *, unit: str = "", ci=None, n: int | None = None,
-                 seeds: int | None = None) -> str:
-    """A measured mean (± half its 95 % CI, same decimals) in readable units; NaN -> "—", or
+                 seeds: int | None = None, windows: int | None = None) -> str:
+    """A measured mean ± half its 95 % CI (same decimals) in readable units; a time to target, a
+    geometric mean whose interval combines in log space, as "62.3 s [45.1, 86.0]". NaN -> "—", or
     "not reached" for a time to target that no seed reached. `unit` is the record's unit ("s",
-    "img/s", "accuracy (0-1)", ...; memory is always bytes)."""
+    "img/s", "accuracy (0-1)", ...; memory is always bytes); `windows`, the timing windows of a
+    timed metric, says where they were too few for an interval."""
     if value is None or not math.isfinite(value):
         return "not reached" if key == "time_to_target_s" and seeds else "—"
     scale, shown_unit = _display_scale(key, unit or ("s" if key.endswith("_s") else ""), value)
     magnitude = abs(value * scale)
     decimals = 0 if magnitude >= 1000 else 1 if magnitude >= 10 else 2 if magnitude >= 0.1 else 4
     text = f"{value * scale:,.{decimals}f}"
-    if ci is not None and all(v is not None and math.isfinite(v) for v in ci):
+    interval = ci is not None and all(v is not None and math.isfinite(v) for v in ci)
+    if interval and key == "time_to_target_s":
+        text += f"{shown_unit} [{ci[0] * scale:,.{decimals}f}, {ci[1] * scale:,.{decimals}f}]"
+    elif interval:
         half = max(value - ci[0], ci[1] - value) * scale
-        if round(half, decimals) > 0:
-            text += f" ± {half:,.{decimals}f}"
-    text += shown_unit
+        text += (f" ± {half:,.{decimals}f}" if round(half, decimals) > 0 else "") + shown_unit
+    else:
+        text += shown_unit
+    if key in TIMED and _too_few(windows):
+        text += f" ({int(windows)} windows: no interval)"
     if n is not None and seeds and n < seeds:
         text += f" ({n}/{seeds} seeds reached)" if key == "time_to_target_s" else f" ({n}/{seeds} seeds)"
     return text
 
 
-def format_change(value: float, ci=None) -> str:
-    """A relative change with its 95 % CI: "+27.4% [+20.1, +34.0]"."""
+def _too_few(windows) -> bool:
+    return windows is not None and math.isfinite(windows) and windows < MIN_TIMING_WINDOWS
+
+
+def format_change(value: float, ci=None, *, bound: str | None = None, windows: int | None = None) -> str:
+    """A relative change with its 95 % CI: "+27.4% [+20.1, +34.0]"; a bound (`bound` "lower" or
+    "upper": a time to target some runs never reached, `results.censored_bound`) as what the
+    interval guarantees, "≥ +20.0%"; from too few timing `windows`, "+3.1% (2 windows: no interval)"."""
     text = _pct(value)
-    if text != "—" and ci is not None and all(v is not None and math.isfinite(v) for v in ci):
-        text += f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
+    has_interval = ci is not None and all(v is not None and math.isfinite(v) for v in ci)
+    if text == "—":
+        return text
+    if bound in ("lower", "upper"):
+        edge = (ci[0] if bound == "lower" else ci[1]) if has_interval else value
+        return f"{'≥' if bound == 'lower' else '≤'} {_pct(edge)}"
+    if has_interval:
+        return text + f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
+    if _too_few(windows):
+        return text + f" ({int(windows)} windows: no interval)"
     return text
 
 
@@ -175,30 +199,36 @@ def format_main_table(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in table.iterrows():
         key = r["record_metric"]
+        windows = r.get("timing_windows", math.nan)
         rows.append({
             "Metric": r["metric"],
             "Paper baseline": _paper_value(r["paper_baseline"], r["paper_unit"]),
             "Paper optimized": _paper_value(r["paper_optimized"], r["paper_unit"]),
             "Paper change": _pct(r["paper_relative"]),
-            "Measured baseline": format_value(r["measured_baseline"], key, unit=r["measured_unit"],
-                                              ci=(r["measured_baseline_ci_low"], r["measured_baseline_ci_high"]),
-                                              n=r["measured_baseline_n"], seeds=r["measured_baseline_seeds"]),
-            "Measured optimized": format_value(r["measured_optimized"], key, unit=r["measured_unit"],
-                                               ci=(r["measured_optimized_ci_low"], r["measured_optimized_ci_high"]),
-                                               n=r["measured_optimized_n"], seeds=r["measured_optimized_seeds"]),
-            "Measured change (95% CI)": format_change(r["measured_relative"], (r["measured_relative_ci_low"],
-                                                                               r["measured_relative_ci_high"])),
+            **{f"Measured {side}": _side_value(r, side, windows) for side in ("baseline", "optimized")},
+            "Measured change (95% CI)": change_cell(r, "measured_relative", windows),
             "Claim held?": r["claim_held"],
         })
         if "measured_auto" in table.columns:  # the planned configuration, beside (no claim, no verdict)
-            rows[-1].update({
-                "Measured auto (planned here)": format_value(
-                    r["measured_auto"], key, unit=r["measured_unit"], ci=(r["measured_auto_ci_low"], r["measured_auto_ci_high"]),
-                    n=r["measured_auto_n"], seeds=r["measured_auto_seeds"]),
-                "Auto change (95% CI)": format_change(r["measured_auto_relative"], (r["measured_auto_relative_ci_low"],
-                                                                                    r["measured_auto_relative_ci_high"])),
-            })
+            rows[-1].update({"Measured auto (planned here)": _side_value(r, "auto", windows),
+                             "Auto change (95% CI)": change_cell(r, "measured_auto_relative", windows)})
     return pd.DataFrame(rows)
+
+
+def _side_value(r, side: str, windows) -> str:
+    """One configuration's measured value of a Table I/II row (`side`: baseline, optimized, auto)."""
+    return format_value(r[f"measured_{side}"], r["record_metric"], unit=r["measured_unit"],
+                        ci=(r[f"measured_{side}_ci_low"], r[f"measured_{side}_ci_high"]),
+                        n=r[f"measured_{side}_n"], seeds=r[f"measured_{side}_seeds"], windows=windows)
+
+
+def change_cell(r, column: str, windows=math.nan) -> str:
+    """`format_change` of a table row's change `column` (with its ``_ci_low``/``_ci_high`` and,
+    where the table has it, ``_bound``): the same text in a table and in the summary."""
+    bound = r.get(f"{column}_bound")
+    return format_change(as_number(r.get(column)), (as_number(r.get(f"{column}_ci_low")),
+                                                    as_number(r.get(f"{column}_ci_high"))),
+                         bound=bound if isinstance(bound, str) else None, windows=as_number(windows))
 
 
 # ------------------------------------------------------------------ Table III
@@ -242,6 +272,10 @@ def ablation_table(records: list[dict], task: str) -> pd.DataFrame:
             censoring[short] = change.get("censoring")
             entry[f"measured_{short}_change"] = math.nan if change["mean"] is None else change["mean"]
             entry[f"measured_{short}_change_ci_low"], entry[f"measured_{short}_change_ci_high"] = _ci(change)
+            if short == "time":
+                entry["measured_time_change_bound"] = change.get("bound") or ""
+            if short == "throughput":
+                entry["timing_windows"] = change.get("windows", math.nan)
         for short in ("time", "memory"):
             claimed = entry[f"paper_{short}_change"] if paper and name != "baseline" else None
             entry[f"claim_held_{short}"] = time_to_target_verdict(claim_verdict(
@@ -259,13 +293,15 @@ def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
         if r["n_seeds"] == 0 and not math.isfinite(r["paper_time_min"]):
             continue
 
+        windows = r.get("timing_windows", math.nan)
+
         def measured(key):
             return format_value(r[f"{key}_mean"], key, unit=_measured_unit(key, r["task"]),
-                                ci=(r[f"{key}_ci_low"], r[f"{key}_ci_high"]), n=r[f"{key}_n"], seeds=r["n_seeds"])
+                                ci=(r[f"{key}_ci_low"], r[f"{key}_ci_high"]), n=r[f"{key}_n"], seeds=r["n_seeds"],
+                                windows=as_number(windows))
 
         def change(short):
-            return format_change(r[f"measured_{short}_change"], (r[f"measured_{short}_change_ci_low"],
-                                                                  r[f"measured_{short}_change_ci_high"]))
+            return change_cell(r, f"measured_{short}_change", windows if short != "memory" else math.nan)
 
         is_base = r["config"] == "baseline"
         rows.append({

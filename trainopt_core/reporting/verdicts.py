@@ -91,10 +91,11 @@ def claim_verdict(claimed_relative: float | None, measured_relative: float | Non
 
 def time_to_target_verdict(verdict: str, censoring: dict | None) -> str:
     """`claim_verdict`'s verdict on a time to target, corrected for seeds that missed the target
-    (`results.censored_seeds_ratio`), with how many seeds reached it said in the verdict itself.
-    A seed where the other configuration missed enters at a bound that flatters it, so "held"
-    cannot stand on it; one where the baseline missed flatters the baseline, so "not held"
-    cannot. A claim no seed pair informs is "not measured"."""
+    (`results.censored_seeds_ratio`), with what each seed counted as said in the verdict itself.
+    A seed where only the other configuration missed enters at a bound that flatters it, so
+    "held" cannot stand on it; one where only the baseline missed flatters the baseline, so "not
+    held" cannot; one that missed in both is left out. A claim no seed pair informs is "not
+    measured"."""
     if not censoring or not censoring["seeds"]:
         return verdict
     if censoring["seeds"] == censoring["both_missed"]:
@@ -102,11 +103,29 @@ def time_to_target_verdict(verdict: str, censoring: dict | None) -> str:
     category = verdict_category(verdict)
     if (category == "held" and censoring["other_missed"]) or (category == "not held" and censoring["baseline_missed"]):
         verdict = "inconclusive"
-    missed = censoring["seeds"] - censoring["reached"]
-    if not missed:
+    if censoring["reached"] == censoring["seeds"]:
         return verdict
-    return (f"{verdict} ({censoring['reached']} of {censoring['seeds']} seeds reached the target in both; a seed "
-            "that missed counts at its run's length)")
+    if verdict.endswith(")"):  # "inconclusive (no interval)": one pair of brackets
+        return f"{verdict[:-1]}; {censoring_text(censoring)})"
+    return f"{verdict} ({censoring_text(censoring)})"
+
+
+def censoring_text(censoring: dict) -> str:
+    """What the seeds of a time-to-target ratio counted as, in words: "1 of 3 seeds reached the
+    target in both; 1 that missed only in this configuration counts at its run's length, a bound;
+    1 that missed in both is left out"."""
+    def that(n: int, where: str, what: str) -> str:
+        verb = ("counts", "is") if n == 1 else ("count", "are")
+        return f"{n} that missed {where} {verb[0] if what.startswith('at') else verb[1]} {what}"
+
+    parts = [f"{censoring['reached']} of {censoring['seeds']} seeds reached the target in both"]
+    if censoring["other_missed"]:
+        parts.append(that(censoring["other_missed"], "only in this configuration", "at its run's length, a bound"))
+    if censoring["baseline_missed"]:
+        parts.append(that(censoring["baseline_missed"], "only in the baseline", "at the baseline's run's length, a bound"))
+    if censoring["both_missed"]:
+        parts.append(that(censoring["both_missed"], "in both", "left out"))
+    return "; ".join(parts)
 
 
 def efficiency_verdict(claimed: float | None, measured: float | None, *, ci=None, modelled: bool = False) -> str:
