@@ -11,9 +11,9 @@ a minimal PyTorch GPT-2 is written:
   kernels tile well; the padded rows start at zero and their logits are cut off before the loss,
   so they never get a gradient and the model computes exactly the unpadded one;
 - the loss in chunks of the sequence: each chunk's logits are upcast to fp32 for the
-  cross-entropy, as HF does, and its softmax is recomputed in backward (torch.utils.checkpoint),
-  so the fp32 logits of the whole batch never exist at once (32 x 1,024 x 50,257 in fp32 is
-  6.1 GiB; HF keeps them, and a second fp32 copy for the softmax's backward).
+  cross-entropy, as HF does, and its softmax is recomputed in backward, so the fp32 logits of
+  the whole batch never exist at once (32 x 1,024 x 50,257 in fp32 is 6.1 GiB; HF keeps them,
+  and a second fp32 copy for the softmax's backward).
 
 `transformers.GPT2LMHeadModel` ran the task before: on one H100 at the paper's sizes it trained
 at 0.38x the tokens/s of a minimal plain-PyTorch GPT-2 (134.7k vs 358.6k tok/s, bf16). Weights
@@ -28,7 +28,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .._errors import fail as _fail
 
@@ -177,21 +176,55 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
                     chunk_tokens: int = LOSS_CHUNK_TOKENS) -> torch.Tensor:
     """Mean cross-entropy of position t's logits against label t+1, over the labels that are not
     -100 (GPT2LMHeadModel's loss). Only the first `vocab_size` columns of `logits` enter it (the
-    rest are padding). Computed in fp32 over chunks of about `chunk_tokens` tokens; with gradients
-    each chunk's fp32 softmax is recomputed in backward instead of kept."""
+    rest are padding, their gradient 0). Computed in fp32 over chunks of about `chunk_tokens`
+    tokens; for backward only `logits` is kept (`_ChunkedCrossEntropy`)."""
     targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # the last position predicts nothing
     per_chunk = max(1, chunk_tokens // logits.shape[0])
-    # split, not sliced chunk by chunk: backward joins the chunks' gradients in one cat
-    pieces = zip(logits.split(per_chunk, dim=1), targets.split(per_chunk, dim=1))
-    keep_nothing = torch.is_grad_enabled() and logits.requires_grad
-    total = sum(checkpoint(_loss_sum, piece, target, vocab_size, use_reentrant=False, preserve_rng_state=False)
-                if keep_nothing else _loss_sum(piece, target, vocab_size) for piece, target in pieces)
-    return total / (targets != IGNORE_INDEX).sum()
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return _ChunkedCrossEntropy.apply(logits, targets, vocab_size, per_chunk)
+    total, count = _loss_sum(logits, targets, vocab_size, per_chunk)
+    return total / count
 
 
-def _loss_sum(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    return F.cross_entropy(logits[..., :vocab_size].float().flatten(0, 1), targets.flatten(),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
+def _chunks(length: int, per_chunk: int):
+    return (slice(start, start + per_chunk) for start in range(0, length, per_chunk))
+
+
+def _loss_sum(logits, targets, vocab_size: int, per_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the cross-entropies, number of predicted labels), one chunk of positions at a time in fp32."""
+    total = torch.zeros((), dtype=torch.float32, device=logits.device)
+    for piece in _chunks(logits.shape[1], per_chunk):
+        scores, target = logits[:, piece, :vocab_size].float(), targets[:, piece]
+        picked = scores.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        total = total + ((torch.logsumexp(scores, dim=-1) - picked) * (target != IGNORE_INDEX)).sum()
+    return total, (targets != IGNORE_INDEX).sum()
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """The mean next-token cross-entropy (`next_token_loss`), keeping only the logits for backward:
+    backward recomputes each chunk's fp32 softmax and writes its gradient (softmax - one-hot, over
+    the count) into one tensor of the logits' dtype, as autograd casts the fp32 gradient of HF's
+    upcast logits. The padded columns' gradient stays 0."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, vocab_size: int, per_chunk: int):
+        total, count = _loss_sum(logits, targets, vocab_size, per_chunk)
+        ctx.save_for_backward(logits, targets, count)
+        ctx.vocab_size, ctx.per_chunk = vocab_size, per_chunk
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, targets, count = ctx.saved_tensors
+        grad_logits = torch.zeros_like(logits)
+        for piece in _chunks(logits.shape[1], ctx.per_chunk):
+            target = targets[:, piece]
+            keep = (target != IGNORE_INDEX).unsqueeze(-1)
+            gradient = torch.softmax(logits[:, piece, :ctx.vocab_size], dim=-1, dtype=torch.float32)
+            gradient.scatter_add_(-1, target.clamp(min=0).unsqueeze(-1), -keep.to(gradient.dtype))
+            gradient.mul_(keep * (grad / count))
+            grad_logits[:, piece, :ctx.vocab_size] = gradient
+        return grad_logits, None, None, None
 
 
 # ----------------------------------------------------------------------------- GPT2LMHeadModel's weights
