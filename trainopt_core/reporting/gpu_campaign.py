@@ -132,8 +132,9 @@ def _reference_goals(reference: dict | None) -> list[dict]:
     for key, ratio in reference["ratios"].items():
         task_row, reference_row = key.split(" / ")
         low, high = ratio["ci"]
-        rates = f"{reference['rows'][task_row]['throughput']:,.0f} vs {reference['rows'][reference_row]['throughput']:,.0f} tok/s"
-        measured = f"{ratio['mean']:.2f}x [{low:.2f}, {high:.2f}] ({rates})"
+        rows_of = reference["rows"]
+        measured = (f"{ratio['mean']:.2f}x [{low:.2f}, {high:.2f}] ({rows_of[task_row]['throughput']:,.0f} vs "
+                    f"{rows_of[reference_row]['throughput']:,.0f} tok/s)")
         if task_row == f"task {precision} eager":
             rows.append(dict(goal=f"GPT-2 task >= 0.9x the minimal plain-PyTorch GPT-2 ({reference['reference']}), "
                                   f"{precision} eager", measured=measured,
