@@ -399,26 +399,17 @@ def compare_with_reference(profile: str, work: Path, device: torch.device, windo
     dropout (benchmarks/gpt2_reference.py), eager and, with `compiled`, compiled (torch.compile's
     default mode), and the task's `auto`, timed in interleaved windows. Throughput counts the
     tokens each step processes."""
-    reference = _reference_module()
     prof = get_profile("wikitext2", profile)
     torch.manual_seed(0)
     bundle = build_task(prof, data_policy="auto", data_dir=None, device=device, seed=0)
     tokens = next(bundle.train_batches(prof.baseline_batch_size, seed=0))[0].to(device)
     precision = "bf16" if device.type == "cpu" or torch.cuda.is_bf16_supported() else "fp16"
-    size = bundle.model.config
-    shape = reference.GPTConfig(block_size=size.n_positions, vocab_size=size.padded_vocab_size, n_layer=size.n_layer,
-                                n_head=size.n_head, n_embd=size.n_embd, dropout=size.resid_pdrop)
     eager = OptimizationConfig(precision=precision, k=1, clip_norm=1.0,
                                optimizer_impl="fused" if device.type == "cuda" else "default")
     auto, _ = runner.resolve_config("auto", prof, device, plans_dir=work / profile / "plans")
     compiles = (False, True) if compiled else (False,)
-    workloads, engines, configs = {}, [], {}
-    for compiled in compiles:
-        torch.manual_seed(0)
-        model = reference.GPT(shape).to(device)
-        workloads[_reference_row("reference", precision, compiled)] = reference.make_train_step(
-            model, tokens, tokens.roll(-1, dims=1), device=device, dtype=mp.DTYPES[precision], lr=prof.lr,
-            compile=compiled)
+    workloads, configs = _reference_workloads(bundle, prof, tokens, precision, compiles, device)
+    engines = []
     for name, cfg in [(_reference_row("task", precision, c), eager.replace(compile=c)) for c in compiles] + [
             ("task auto", auto)]:
         workloads[name], engine = _task_step(bundle, prof, cfg, tokens, device)
@@ -434,23 +425,41 @@ def compare_with_reference(profile: str, work: Path, device: torch.device, windo
                                         device=device)
     for engine in engines:
         engine.close()
-    rows = {}
+    pairs = [(_reference_row("task", precision, c), _reference_row("reference", precision, c)) for c in compiles]
+    pairs.append(("task auto", _reference_row("reference", precision, False)))
+    rows, ratios = {}, {}
     for name, values in rates.items():
         summary = measure.summarize(values)
         rows[name] = dict(throughput=summary["mean"], throughput_ci=[summary["ci_low"], summary["ci_high"]],
-                          config=configs.get(name, f"{REFERENCE}, {precision}"), peak_bytes=peaks[name])
-    ratios = {}
-    for task_row, reference_row in [(_reference_row("task", precision, c), _reference_row("reference", precision, c))
-                                    for c in compiles] + [("task auto", _reference_row("reference", precision, False))]:
-        ratio = measure.paired_ratio(rates[task_row], rates[reference_row])
-        ratios[f"{task_row} / {reference_row}"] = dict(mean=ratio["mean"], ci=[ratio["ci_low"], ratio["ci_high"]])
+                          config=configs[name], peak_bytes=peaks[name])
+    for mine, theirs in pairs:
+        ratio = measure.paired_ratio(rates[mine], rates[theirs])
+        ratios[f"{mine} / {theirs}"] = dict(mean=ratio["mean"], ci=[ratio["ci_low"], ratio["ci_high"]])
     return {"precision": precision, "batch": list(tokens.shape), "windows": windows, "steps_per_window": steps,
-            "unit": "tok/s", "rows": rows, "ratios": ratios, "reference": REFERENCE, "compiled": len(compiles) > 1,
+            "unit": "tok/s", "rows": rows, "ratios": ratios, "reference": REFERENCE, "compiled": compiled,
             "what": f"one GPT-2 optimizer step over the baseline batch, the same batch every step: the task's model "
                     f"through trainopt's engine ({_config_name(eager)}, clipping 1.0; and `auto`) beside the minimal "
                     f"plain-PyTorch GPT-2 of {REFERENCE} (the same shapes and dropout, vocabulary "
-                    f"{size.padded_vocab_size}, the full logits' cross-entropy, clipping 1.0, AdamW"
+                    f"{bundle.model.config.padded_vocab_size}, the full logits' cross-entropy, clipping 1.0, AdamW"
                     f"{' fused' if device.type == 'cuda' else ''})"}
+
+
+def _reference_workloads(bundle, prof, tokens: torch.Tensor, precision: str, compiles, device: torch.device):
+    """({name: step}, {name: what it runs}): the reference GPT-2 of the task's shapes and dropout,
+    one fresh copy per compile setting, training on `tokens` (targets: the next token)."""
+    reference = _reference_module()
+    size = bundle.model.config
+    shape = reference.GPTConfig(block_size=size.n_positions, vocab_size=size.padded_vocab_size, n_layer=size.n_layer,
+                                n_head=size.n_head, n_embd=size.n_embd, dropout=size.resid_pdrop)
+    workloads, configs = {}, {}
+    for compile_it in compiles:
+        name = _reference_row("reference", precision, compile_it)
+        torch.manual_seed(0)
+        workloads[name] = reference.make_train_step(reference.GPT(shape).to(device), tokens, tokens.roll(-1, dims=1),
+                                                    device=device, dtype=mp.DTYPES[precision], lr=prof.lr,
+                                                    compile=compile_it)
+        configs[name] = f"{REFERENCE}, {precision}" + (", torch.compile" if compile_it else "")
+    return workloads, configs
 
 
 def _reference_row(who: str, precision: str, compiled: bool) -> str:
