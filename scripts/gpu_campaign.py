@@ -24,11 +24,15 @@ hardware manifest), gpu_tests.txt, profiles.txt, and records.tar.gz (every run, 
 record). `--device cpu --profile smoke` rehearses the plumbing at smoke sizes (the tests' own run).
 
     python scripts/gpu_campaign.py --out DIR [--resume DIR] [--budget-s 540]
+    python scripts/gpu_campaign.py --rerender DIR   # a finished campaign's summary again, from its records
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import dataclasses
+import importlib.util
 import json
 import math
 import shutil
@@ -52,25 +56,25 @@ from trainopt_core.reproduction import autoplan, runner  # noqa: E402
 from trainopt_core.reproduction.profiles import get_profile  # noqa: E402
 from trainopt_core.reproduction.tasks import build_task  # noqa: E402
 from trainopt_core.reproduction.throughput import measure_throughput  # noqa: E402
+from trainopt_core.reporting.gpu_campaign import (compile_break_even, goals, plan_candidates,  # noqa: E402,F401
+                                                   summary_markdown)
 
 CONFIGS = ("baseline", "optimized", "auto")
 # what a stage costs on one H100 at the gpu profile's sizes (seconds, from the campaign's own
 # estimates; the budget check uses them to leave a stage for the resuming call)
-STAGE_COST_S = {"tests": 40, "runs:cifar10": 120, "runs:wikitext2": 150, "plan:cifar10": 120, "loops": 60,
-                "plan:wikitext2": 150, "profile:cifar10": 20, "profile:wikitext2": 25}
-STAGES = ("tests", "runs:cifar10", "runs:wikitext2", "plan:cifar10", "loops", "plan:wikitext2",
+STAGE_COST_S = {"tests": 40, "runs:cifar10": 120, "runs:wikitext2": 150, "reference": 100, "plan:cifar10": 120,
+                "loops": 60, "plan:wikitext2": 150, "profile:cifar10": 20, "profile:wikitext2": 25}
+STAGES = ("tests", "runs:cifar10", "runs:wikitext2", "reference", "plan:cifar10", "loops", "plan:wikitext2",
           "profile:cifar10", "profile:wikitext2")
-# the goals the summary measures against (issue: GPU levers)
-# each task's model, as the summary names it (the data set is named by the runs' data source)
-MODELS = {"cifar10": "ResNet-50", "wikitext2": "GPT-2 124M"}
-GOALS = {"gpt2_auto_mfu": 0.30, "gpt2_auto_mfu_stretch": 0.40, "resnet_auto_speedup": 2.0, "planning_s": 60.0,
-         "engine_vs_hand": 0.99}
+REFERENCE = "benchmarks/gpt2_reference.py"  # the minimal plain-PyTorch GPT-2 the task is measured against
 LOOP_NAMES = ("hand loop", "hand loop + skip check", "trainopt engine", "accelerate", "fabric")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for the results (created)")
+    parser.add_argument("--out", help="folder for the results (created)")
+    parser.add_argument("--rerender", help="a finished campaign's folder: rewrite its summary from its records, "
+                        "nothing measured")
     parser.add_argument("--resume", help="the --out folder of an earlier call: its finished stages are kept")
     parser.add_argument("--device", default="cuda", help="cuda (default), or cpu with --profile smoke (a rehearsal)")
     parser.add_argument("--profile", default="gpu", help="gpu (default), or smoke with --device cpu")
@@ -80,6 +84,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="seconds this call may take; a stage that would not fit is left for --resume")
     args = parser.parse_args(argv)
+    if args.rerender:
+        if not (Path(args.rerender) / "records.tar.gz").is_file():
+            parser.error(f"--rerender {args.rerender}: no records.tar.gz there (allowed: a campaign's --out folder)")
+        return args
+    if not args.out:
+        parser.error("--out is required (the folder for the results)")
     args.stages = [s for s in args.stages.split(",") if s]
     for stage in args.stages:
         if stage not in STAGES:
@@ -108,7 +118,7 @@ class Campaign:
         self.out, self.work, self.budget_s = out, work, budget_s
         self.started = time.perf_counter()
         self.summary = {"stages_done": [], "stages_left": [], "stage_s": {}, "tasks": {}, "plans": {},
-                        "loops": None, "tests": None, "profiles": {}}
+                        "loops": None, "reference": None, "tests": None, "profiles": {}}
         if resume is not None:
             self.summary = json.loads((resume / "summary.json").read_text())
             archive = resume / "records.tar.gz"
@@ -227,33 +237,18 @@ def plan_at_paper_size(task: str, profile: str, work: Path, device: torch.device
     path = work / "plans_at_paper_size" / profile / f"plan__{task}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, default=str))
-    chosen = result.chosen
     items_per_sample = float(prof.seq_len - 1) if task == "wikitext2" else 1.0  # a GPT-2 item: a predicted token
-    candidates = []
-    for row in result.rows:
-        entry = {key: row.get(key) for key in ("candidate", "speedup", "speedup_ci_low", "speedup_ci_high",
-                                               "peak_memory_bytes", "compile_s", "rejected_because")}
-        entry["mfu"] = entry["break_even_samples"] = None
-        if row.get("seconds_per_sample"):
-            cfg = OptimizationConfig(precision=row["precision"], tf32=bool(row.get("tf32")))
-            entry["mfu"] = _mfu(bundle.training_flops_per_item, items_per_sample / row["seconds_per_sample"], cfg,
-                                device, bundle.flops_workload)[0]
-            entry["break_even_samples"] = compile_break_even(row, chosen)
-        candidates.append(entry)
+
+    def peak_of(row):
+        cfg = OptimizationConfig(precision=row["precision"], tf32=bool(row.get("tf32")))
+        return runner.config_peak_flops(cfg, device, bundle.flops_workload)[0]
+
+    chosen = result.chosen
+    candidates = plan_candidates(result.to_dict(), bundle.training_flops_per_item, items_per_sample, peak_of)
     return dict(profile=profile, planning_s=result.planning_s, stage_s=result.stage_s, compile_s=result.compile_s,
                 choice=chosen["candidate"], speedup=chosen["speedup"],
                 speedup_ci=[chosen["speedup_ci_low"], chosen["speedup_ci_high"]], candidates=candidates,
                 notes=result.notes, run_samples=result.run_samples)
-
-
-def compile_break_even(row: dict, chosen: dict) -> float | None:
-    """The run length (samples) from which a compiled candidate's faster steps repay its compiling,
-    against an uncompiled choice: compile seconds / seconds saved per sample. None where that does
-    not apply (not compiled, the choice compiled, or the compiled steps not faster)."""
-    if not row.get("compile_s") or chosen.get("compile_s") or not chosen.get("seconds_per_sample"):
-        return None
-    saved = chosen["seconds_per_sample"] - row["seconds_per_sample"]
-    return row["compile_s"] / saved if saved > 0 else None
 
 
 def compare_loops(profile: str, device: torch.device, windows: int, steps: int) -> dict:
@@ -372,6 +367,105 @@ def compare_loops(profile: str, device: torch.device, windows: int, steps: int) 
     return result
 
 
+def _reference_module():
+    """benchmarks/gpt2_reference.py, imported from its file (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gpt2_reference", ROOT / REFERENCE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _task_step(bundle, prof, cfg: OptimizationConfig, tokens: torch.Tensor, device: torch.device):
+    """(step, engine): one optimizer step of the task's GPT-2 (a fresh copy) through trainopt's
+    engine under `cfg`, on `tokens`; the step returns the tokens it processed and never waits for
+    the device (as the reference's does not)."""
+    own = dataclasses.replace(bundle, model=copy.deepcopy(bundle.model))
+    engine, _ = runner.build_engine(own, prof, cfg, device=device, micro=len(tokens))
+
+    def step() -> float:
+        with engine.autocast():
+            loss, items = own.loss(engine.model, tokens, None)
+        engine.backward(loss, num_items=items)
+        engine.step()
+        return float(tokens.numel())
+
+    return step, engine
+
+
+def compare_with_reference(profile: str, work: Path, device: torch.device, windows: int, steps: int,
+                           compiled: bool = True) -> dict:
+    """The task's GPT-2 step beside a minimal plain-PyTorch GPT-2 of the same shapes, batch and
+    dropout (benchmarks/gpt2_reference.py), eager and, with `compiled`, compiled (torch.compile's
+    default mode), and the task's `auto`, timed in interleaved windows. Throughput counts the
+    tokens each step processes."""
+    prof = get_profile("wikitext2", profile)
+    torch.manual_seed(0)
+    bundle = build_task(prof, data_policy="auto", data_dir=None, device=device, seed=0)
+    tokens = next(bundle.train_batches(prof.baseline_batch_size, seed=0))[0].to(device)
+    precision = "bf16" if device.type == "cpu" or torch.cuda.is_bf16_supported() else "fp16"
+    eager = OptimizationConfig(precision=precision, k=1, clip_norm=1.0,
+                               optimizer_impl="fused" if device.type == "cuda" else "default")
+    auto, _ = runner.resolve_config("auto", prof, device, plans_dir=work / profile / "plans")
+    compiles = (False, True) if compiled else (False,)
+    workloads, configs = _reference_workloads(bundle, prof, tokens, precision, compiles, device)
+    engines = []
+    for name, cfg in [(_reference_row("task", precision, c), eager.replace(compile=c)) for c in compiles] + [
+            ("task auto", auto)]:
+        workloads[name], engine = _task_step(bundle, prof, cfg, tokens, device)
+        engines.append(engine)
+        configs[name] = _config_name(cfg)
+    peaks = {}
+    for name, step in workloads.items():  # one step each: compiles, and its peak with every copy resident
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        step()
+        peaks[name] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    rates = measure.interleaved_windows(workloads, windows=windows, steps_per_window=steps, warmup_steps=1,
+                                        device=device)
+    for engine in engines:
+        engine.close()
+    pairs = [(_reference_row("task", precision, c), _reference_row("reference", precision, c)) for c in compiles]
+    pairs.append(("task auto", _reference_row("reference", precision, False)))
+    rows, ratios = {}, {}
+    for name, values in rates.items():
+        summary = measure.summarize(values)
+        rows[name] = dict(throughput=summary["mean"], throughput_ci=[summary["ci_low"], summary["ci_high"]],
+                          config=configs[name], peak_bytes=peaks[name])
+    for mine, theirs in pairs:
+        ratio = measure.paired_ratio(rates[mine], rates[theirs])
+        ratios[f"{mine} / {theirs}"] = dict(mean=ratio["mean"], ci=[ratio["ci_low"], ratio["ci_high"]])
+    return {"precision": precision, "batch": list(tokens.shape), "windows": windows, "steps_per_window": steps,
+            "unit": "tok/s", "rows": rows, "ratios": ratios, "reference": REFERENCE, "compiled": compiled,
+            "what": f"one GPT-2 optimizer step over the baseline batch, the same batch every step: the task's model "
+                    f"through trainopt's engine ({_config_name(eager)}, clipping 1.0; and `auto`) beside the minimal "
+                    f"plain-PyTorch GPT-2 of {REFERENCE} (the same shapes and dropout, vocabulary "
+                    f"{bundle.model.config.padded_vocab_size}, the full logits' cross-entropy, clipping 1.0, AdamW"
+                    f"{' fused' if device.type == 'cuda' else ''})"}
+
+
+def _reference_workloads(bundle, prof, tokens: torch.Tensor, precision: str, compiles, device: torch.device):
+    """({name: step}, {name: what it runs}): the reference GPT-2 of the task's shapes and dropout,
+    one fresh copy per compile setting, training on `tokens` (targets: the next token)."""
+    reference = _reference_module()
+    size = bundle.model.config
+    shape = reference.GPTConfig(block_size=size.n_positions, vocab_size=size.padded_vocab_size, n_layer=size.n_layer,
+                                n_head=size.n_head, n_embd=size.n_embd, dropout=size.resid_pdrop)
+    workloads, configs = {}, {}
+    for compile_it in compiles:
+        name = _reference_row("reference", precision, compile_it)
+        torch.manual_seed(0)
+        workloads[name] = reference.make_train_step(reference.GPT(shape).to(device), tokens, tokens.roll(-1, dims=1),
+                                                    device=device, dtype=mp.DTYPES[precision], lr=prof.lr,
+                                                    compile=compile_it)
+        configs[name] = f"{REFERENCE}, {precision}" + (", torch.compile" if compile_it else "")
+    return workloads, configs
+
+
+def _reference_row(who: str, precision: str, compiled: bool) -> str:
+    return f"{who} {precision} {'compiled' if compiled else 'eager'}"
+
+
 def profile_auto_step(task: str, profile: str, work: Path, device: torch.device, steps: int = 3) -> str:
     """torch.profiler's self-time table of `steps` optimizer steps of the profile's `auto`."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -396,171 +490,55 @@ def profile_auto_step(task: str, profile: str, work: Path, device: torch.device,
     return f"## {task}: auto ({_config_name(cfg)}), {steps} optimizer steps, sorted by {key}\n\n{table}\n"
 
 
-# ----------------------------------------------------------------------------- summary
-def _verdict(low, high, bar) -> str:
-    """met / not met / inside the interval, for a value's 95 % interval against a bar."""
-    if low is None or high is None:
-        return "not measured"
-    if low >= bar:
-        return "met"
-    if high < bar:
-        return "not met"
-    return "inconclusive (the bar is inside the 95 % interval)"
+# ----------------------------------------------------------------------------- a committed campaign, again
+def _flops_per_item(task: str, profile: str) -> float:
+    """The training FLOPs per item of `task`'s model at `profile`'s size (the full GPT-2 vocabulary),
+    as its task computes them, without building its data."""
+    from trainopt_core.reproduction import models
+    from trainopt_core.reproduction.data import GPT2_VOCAB_SIZE
+    from trainopt_core.reproduction.tasks import gpt2_training_flops_per_predicted_token
+
+    prof = get_profile(task, profile)
+    if task == "cifar10":
+        return models.training_flops_per_item(models.resnet_cifar(**prof.model), (3, 32, 32))
+    config = models.gpt2_config(vocab_size=GPT2_VOCAB_SIZE, **prof.model)
+    return gpt2_training_flops_per_predicted_token(config, prof.seq_len)
 
 
-def goals(summary: dict) -> list[dict]:
-    """The campaign's goals, each with what was measured and whether it was met."""
-    rows = []
-    gpt2 = summary["tasks"].get("wikitext2", {}).get("configs", {}).get("auto")
-    if gpt2:
-        low, high = (gpt2["mfu"] * c / gpt2["throughput"] if c else None for c in gpt2["throughput_ci"])
-        for key, label in (("gpt2_auto_mfu", "GPT-2 auto MFU >= 30 %"),
-                           ("gpt2_auto_mfu_stretch", "GPT-2 auto MFU >= 40 % (stretch)")):
-            rows.append(dict(goal=label, measured=f"{100 * gpt2['mfu']:.1f} % [{100 * low:.1f}, {100 * high:.1f}]",
-                             verdict=_verdict(low, high, GOALS[key])))
-    resnet = summary["tasks"].get("cifar10", {}).get("configs", {}).get("auto")
-    if resnet:
-        low, high = resnet["speedup_ci"]
-        rows.append(dict(goal=f"ResNet auto >= 2x the fp32 baseline ({summary['tasks']['cifar10']['profile']} profile)",
-                         measured=f"{resnet['speedup']:.2f}x [{low:.2f}, {high:.2f}]",
-                         verdict=_verdict(low, high, GOALS["resnet_auto_speedup"])))
-    gpt2_plan = summary["plans"].get("wikitext2", {})
-    # the fastest step, not the highest MFU: each candidate's MFU is against its own precision's
-    # peak, so the fp32 baseline's is the highest
-    fastest = max((row for row in gpt2_plan.get("candidates", []) if row.get("mfu") is not None),
-                  key=lambda row: row["speedup"], default=None)
-    if fastest is not None and fastest["candidate"] != gpt2_plan["choice"]:
-        # the interval: the speedup's relative interval (both are the same windows' rates)
-        low, high = (fastest["mfu"] * c / fastest["speedup"] if c else None
-                     for c in (fastest["speedup_ci_low"], fastest["speedup_ci_high"]))
-        even = fastest.get("break_even_samples")
-        rows.append(dict(goal="GPT-2 MFU >= 30 % in plan()'s fastest step (paper sizes), where the run is long "
-                              "enough to choose it",
-                         measured=f"{100 * fastest['mfu']:.1f} % [{100 * low:.1f}, {100 * high:.1f}], "
-                                  f"{fastest['candidate']}" + ("" if even is None else
-                                  f"; repays its compiling from {even:,.0f} samples (this run: "
-                                  f"{gpt2_plan['run_samples']:,})"),
-                         verdict=_verdict(low, high, GOALS["gpt2_auto_mfu"])))
-    for task, plan in summary["plans"].items():
-        if "error" in plan:
-            continue
-        low, high = plan["speedup_ci"]
-        rows.append(dict(goal=f"{task} plan at the paper's sizes: auto's speedup (paper run length)",
-                         measured=f"{plan['speedup']:.2f}x [{low:.2f}, {high:.2f}], chose {plan['choice']}",
-                         verdict="reported"))
-    for label, plans in (("gpu profile", {t: e["configs"]["auto"] for t, e in summary["tasks"].items()
-                                          if "configs" in e}),
-                         ("paper sizes", {t: p for t, p in summary["plans"].items() if "error" not in p})):
-        for task, plan in plans.items():
-            compile_s = plan.get("compile_s") or 0.0
-            rows.append(dict(goal=f"planning <= 60 s ({task}, {label})",
-                             measured=f"{plan['planning_s']:.1f} s, of which compiling {compile_s:.1f} s",
-                             verdict="met" if plan["planning_s"] <= GOALS["planning_s"] else
-                             f"not met ({plan['planning_s'] - compile_s:.1f} s without compiling)"))
-    loops = (summary.get("loops") or {}).get("loops", {})
-    engine = loops.get("trainopt engine")
-    if engine:
-        low, high = engine["vs_hand_ci"]
-        rows.append(dict(goal="trainopt engine >= 0.99x the hand-written loop",
-                         measured=f"{engine['vs_hand']:.3f}x [{low:.3f}, {high:.3f}]",
-                         verdict=_verdict(low, high, GOALS["engine_vs_hand"])))
-        if "vs_skip_check" in engine:
-            low, high = engine["vs_skip_check_ci"]
-            rows.append(dict(goal="(where the engine's time goes) engine vs a hand loop with the same check for "
-                             "non-finite steps", measured=f"{engine['vs_skip_check']:.3f}x [{low:.3f}, {high:.3f}]",
-                             verdict="reported"))
-        for name in ("accelerate", "fabric"):
-            if f"vs_{name}" in engine:
-                low, high = engine[f"vs_{name}_ci"]
-                rows.append(dict(goal=f"trainopt engine >= {name}", measured=f"{engine[f'vs_{name}']:.3f}x [{low:.3f}, "
-                                 f"{high:.3f}]", verdict=_verdict(low, high, 1.0)))
-    return rows
+def rerender(folder: Path) -> None:
+    """Rewrite a finished campaign's summary.json and summary.md with this code from its records:
+    each paper-size plan's candidates from its plan record (MFU against the datasheet peaks of the
+    GPU it names), then the goals and the Markdown."""
+    from trainopt_core.measure.flops import datasheet_peak_flops
 
+    summary = json.loads((folder / "summary.json").read_text())
+    with tempfile.TemporaryDirectory() as scratch, tarfile.open(folder / "records.tar.gz") as tar:
+        tar.extractall(scratch, filter="data")
+        for task, entry in summary["plans"].items():
+            if "error" in entry:
+                continue
+            plan = json.loads(next(Path(scratch).glob(f"plans_at_paper_size/*/plan__{task}.json")).read_text())["plan"]
+            prof = get_profile(task, entry["profile"])
+            workload = "convolution" if task == "cifar10" else "matmul"
 
-def _mib(value) -> str:
-    return "n/a" if value is None else f"{value / 2**20:,.0f} MiB"
+            def peak_of(row):
+                with mp.tf32_allowed() if row.get("tf32") else contextlib.nullcontext():
+                    return datasheet_peak_flops(summary["device"], row["precision"], workload=workload)[0]
 
-
-def summary_markdown(summary: dict) -> str:
-    lines = ["# GPU campaign (scripts/gpu_campaign.py)", ""]
-    device = summary.get("device", "?")
-    lines += [f"Device: {device}. Data: labeled stand-ins (synthetic images, NOT CIFAR-10; stand-in text, NOT "
-              "WikiText-2). Intervals: 95 % over the interleaved timing windows of this one session.", ""]
-    lines += ["## Goals", "", "| goal | measured | verdict |", "|---|---|---|"]
-    lines += [f"| {g['goal']} | {g['measured']} | {g['verdict']} |" for g in summary.get("goals", [])]
-    for task, entry in summary["tasks"].items():
-        source = next((c.get("data_source") for c in entry.get("configs", {}).values()), None)
-        lines += ["", f"## {MODELS.get(task, task)}" + (f" on {source}" if source else "")
-                  + f": {entry.get('profile', '')} profile", ""]
-        if "error" in entry:
-            lines += [f"failed: {entry['error']}"]
-            continue
-        lines += ["| configuration | runs as | throughput [95 % CI] | vs baseline | MFU | step peak | eval peak | "
-                  "energy/sample |", "|---|---|---|---|---|---|---|---|"]
-        for name, c in entry["configs"].items():
-            ci = c["throughput_ci"]
-            ci_text = "" if ci[0] is None else f" [{ci[0]:,.0f}, {ci[1]:,.0f}]"
-            ratio = "1" if c["speedup"] is None else (f"{c['speedup']:.2f}x [{c['speedup_ci'][0]:.2f}, "
-                                                       f"{c['speedup_ci'][1]:.2f}]")
-            energy = "n/a" if c["energy_j_per_sample"] is None else f"{c['energy_j_per_sample']:.3g} J"
-            mfu = "n/a" if c["mfu"] is None else f"{100 * c['mfu']:.1f} %"
-            lines.append(f"| {name} | {c['config']} | {c['throughput']:,.0f}{ci_text} {c['unit']} | {ratio} | {mfu} | "
-                         f"{_mib(c['training_step_peak_bytes'])} | {_mib(c['evaluation_peak_bytes'])} | {energy} |")
-        auto = entry["configs"].get("auto", {})
-        if auto.get("planning_s") is not None:
-            stages = ", ".join(f"{k} {v:.1f} s" for k, v in (auto.get("planning_stage_s") or {}).items())
-            lines += ["", f"auto's plan: {auto['plan_choice']}; planning {auto['planning_s']:.1f} s ({stages}); "
-                          f"compiling {auto.get('compile_s') or 0:.1f} s"]
-        overhead = entry.get("recompute_overhead", {})
-        if "recompute_overhead" in overhead:
-            lines += ["", f"√L recompute overhead: {100 * overhead['recompute_overhead']:.1f} % "
-                          f"({overhead['segments']} segments of {overhead['blocks']} blocks, {overhead['precision']})"]
-        elif "error" in overhead:
-            lines += ["", f"√L recompute overhead: failed: {overhead['error']}"]
-    for task, plan in summary["plans"].items():
-        lines += ["", f"## plan() at the paper's sizes: {MODELS.get(task, task)}", ""]
-        if "error" in plan:
-            lines += [f"failed: {plan['error']}"]
-            continue
-        stages = ", ".join(f"{k} {v:.1f} s" for k, v in (plan.get("stage_s") or {}).items())
-        lines += [f"Chose **{plan['choice']}**, {plan['speedup']:.2f}x [{plan['speedup_ci'][0]:.2f}, "
-                  f"{plan['speedup_ci'][1]:.2f}] the fp32 baseline; planning {plan['planning_s']:.1f} s ({stages}), "
-                  f"compiling {plan['compile_s'] or 0:.1f} s; run length {plan['run_samples']:,} samples.", "",
-                  "| candidate | speedup [95 % CI] | MFU | peak | compile | repays compiling from | rejected because |",
-                  "|---|---|---|---|---|---|---|"]
-        for row in plan["candidates"]:
-            speed = "n/a" if row["speedup"] is None else (
-                f"{row['speedup']:.2f}x" + ("" if row["speedup_ci_low"] is None else
-                                          f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"))
-            compile_s = "" if row["compile_s"] is None else f"{row['compile_s']:.1f} s"
-            mfu = "" if row.get("mfu") is None else f"{100 * row['mfu']:.1f} %"
-            even = "" if row.get("break_even_samples") is None else f"{row['break_even_samples']:,.0f} samples"
-            lines.append(f"| {row['candidate']} | {speed} | {mfu} | {_mib(row['peak_memory_bytes'])} | {compile_s} | "
-                         f"{even} | {(row['rejected_because'] or '').replace('|', '/')} |")
-        lines += [""] + [f"- {note}" for note in plan["notes"]]
-    loops = summary.get("loops")
-    if loops:
-        lines += ["", "## The same GPT-2 step under each loop", "", loops["what"] + f" ({loops['precision']}, batch "
-                  f"{loops['batch']}, {loops['windows']} windows of {loops['steps_per_window']} steps).", "",
-                  "| loop | throughput [95 % CI] | vs hand loop |", "|---|---|---|"]
-        for name, row in loops["loops"].items():
-            ratio = "1" if row["vs_hand"] is None else f"{row['vs_hand']:.3f}x [{row['vs_hand_ci'][0]:.3f}, " \
-                                                       f"{row['vs_hand_ci'][1]:.3f}]"
-            ci = row["throughput_ci"]
-            ci_text = "" if ci[0] is None else f" [{ci[0]:,.0f}, {ci[1]:,.0f}]"
-            lines.append(f"| {name} | {row['throughput']:,.0f}{ci_text} tok/s | {ratio} |")
-        lines += [f"- {name}: {note}" for name, note in loops["notes"].items()]
-    if summary.get("tests"):
-        lines += ["", f"GPU tests: {summary['tests']['result']} (exit {summary['tests']['exit_code']})"]
-    lines += ["", f"Stages done: {', '.join(summary['stages_done']) or 'none'}; left: "
-              f"{', '.join(summary['stages_left']) or 'none'}. Seconds per stage: "
-              + ", ".join(f"{k} {v:.0f}" for k, v in summary["stage_s"].items()), ""]
-    return "\n".join(lines)
+            entry["candidates"] = plan_candidates(plan, _flops_per_item(task, entry["profile"]),
+                                                  float(prof.seq_len - 1) if task == "wikitext2" else 1.0, peak_of)
+    summary["goals"] = goals(summary)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (folder / "summary.md").write_text(summary_markdown(summary))
 
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.rerender:
+        rerender(Path(args.rerender))
+        print(f"rewrote {args.rerender}/summary.json and summary.md from its records")
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
@@ -591,6 +569,11 @@ def main(argv=None) -> int:
                 elif kind == "loops":
                     windows, steps = (6, 3) if device.type == "cuda" else (2, 1)
                     campaign.summary["loops"] = compare_loops(args.profile, device, windows, steps)
+                elif kind == "reference":
+                    windows, steps = (4, 3) if device.type == "cuda" else (2, 1)
+                    # a CPU rehearsal does not compile: that takes minutes there
+                    campaign.summary["reference"] = compare_with_reference(args.profile, work, device, windows, steps,
+                                                                           compiled=device.type == "cuda")
                 elif kind == "profile":
                     text = profile_auto_step(task, args.profile, work, device)
                     with open(out / "profiles.txt", "a") as handle:
@@ -605,6 +588,8 @@ def main(argv=None) -> int:
                     campaign.summary["tasks"][task] = failure
                 elif kind == "plan":
                     campaign.summary["plans"][task] = failure
+                elif kind == "reference":
+                    campaign.summary["reference"] = failure
                 else:
                     campaign.summary.setdefault("failed", {})[stage] = failure["error"]
             campaign.summary["stages_left"].remove(stage)
@@ -613,7 +598,8 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
         campaign.save()
     print((out / "summary.md").read_text(), flush=True)
-    failed = campaign.summary.get("failed") or any("error" in e for e in campaign.summary["tasks"].values())
+    failed = (campaign.summary.get("failed") or any("error" in e for e in campaign.summary["tasks"].values())
+              or "error" in (campaign.summary.get("reference") or {}))
     return 1 if failed or (campaign.summary.get("tests") or {}).get("exit_code", 0) not in (0, 5) else 0
 
 

@@ -1,6 +1,7 @@
 """Writes the reference summary (did the paper's claims hold, reports/quick/) into README.md,
-between its <!-- summary:start --> and <!-- summary:end --> lines; tests/test_summary.py checks
-the two agree.
+between its <!-- summary:start --> and <!-- summary:end --> lines, and the GPU lines of README.md and
+reports/README.md from each GPU's newest clean-commit campaign (`reporting.gpu_campaign`);
+tests/test_summary.py and tests/test_gpu_campaign.py check they agree.
 
     python scripts/readme_summary.py
 """
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from trainopt_core.reporting.gpu_campaign import write_gpu_blocks  # noqa: E402
 from trainopt_core.reporting.summary import profile_summary  # noqa: E402
 
 START, END = "<!-- summary:start -->\n", "<!-- summary:end -->"
@@ -27,7 +29,8 @@ def main() -> int:
         return 1
     block = START + profile_summary(ROOT / "reports", "quick") + END
     readme.write_text(re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S))
-    print(f"wrote the summary of reports/quick into {readme}")
+    write_gpu_blocks(ROOT)
+    print(f"wrote the summary of reports/quick into {readme}, and the GPU lines into it and reports/README.md")
     return 0
 
 

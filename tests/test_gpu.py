@@ -60,8 +60,8 @@ def test_training_step_peak_excludes_a_big_evaluation_which_is_reported_as_the_e
 
     state_bytes = 4 * 3 * sum(p.numel() for p in model.parameters())  # weights + two Adam moments
     # the step's peak holds the state, the activations and cuBLAS's workspaces (85 MiB in all on an
-    # H100), never the 512 MiB that the evaluation held
-    assert state_bytes < memory.peak_bytes() < 256 * MiB
+    # H100; the workspaces' size is the library's), never the 512 MiB that the evaluation held
+    assert state_bytes < memory.peak_bytes() < 512 * MiB
     assert memory.evaluation_peak_bytes() >= 512 * MiB
     assert memory.training_steps_measured == 3 and memory.evaluations_measured == 2
     assert memory.breakdown()["optimizer_state"] > 0
@@ -262,10 +262,18 @@ def test_the_allocator_only_tracker_reads_the_same_peak_without_a_breakdown(cuda
     assert peaks[False] == pytest.approx(peaks[True], rel=0.05)
 
 
-def test_expandable_segments_keep_what_the_allocator_reserves_near_what_it_hands_out(cuda):
-    """Growing allocations, each freed before the next: the default allocator caches every size
-    (reserving about their sum, 4,200 MiB here), expandable segments grow one segment in place.
-    The setting is process-wide: put back after."""
+def _segment_of(snapshot: dict, address: int) -> dict:
+    return next(segment for segment in snapshot["segments"]
+                if segment["address"] <= address < segment["address"] + segment["total_size"])
+
+
+def test_expandable_segments_are_applied_and_keep_what_the_allocator_reserves_near_what_it_hands_out(cuda):
+    """prepare() with expandable_segments=True turns the caching allocator's setting on for the
+    process: what is allocated after comes from an expandable segment (the allocator's snapshot
+    says so), and growing allocations, each freed before the next, grow that segment in place, so
+    the memory reserved stays near the allocated peak. What the default allocator reserves for the
+    same allocations is the GPU's and driver's (4,200 MiB on an H200, 572 MiB on an H100, for
+    520 MiB allocated): not asserted. The setting is process-wide: put back after."""
     def peaks():
         torch.cuda.reset_peak_memory_stats(cuda)
         for mib in range(20, 420, 20):
@@ -273,14 +281,18 @@ def test_expandable_segments_keep_what_the_allocator_reserves_near_what_it_hands
             del block
         return torch.cuda.max_memory_allocated(cuda), torch.cuda.max_memory_reserved(cuda)
 
-    allocated, reserved = peaks()
-    assert reserved > 2 * allocated, (reserved / MiB, allocated / MiB)  # the default allocator
     model = torch.nn.Linear(8, 8).to(cuda)
+    if _segment_of(torch.cuda.memory._snapshot(), model.weight.data_ptr())["is_expandable"]:
+        pytest.skip("expandable segments are already on in this process (PYTORCH_CUDA_ALLOC_CONF)")
     try:
         prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(expandable_segments=True),
                 micro_batch_size=2, device=cuda)
         allocated, reserved = peaks()
+        block = torch.empty(64 * MiB, dtype=torch.uint8, device=cuda)
+        after = _segment_of(torch.cuda.memory._snapshot(), block.data_ptr())
+        del block
     finally:
         torch.cuda.empty_cache()
         set_allocator_settings("expandable_segments:False")
+    assert after["is_expandable"] is True
     assert reserved < 1.25 * allocated, (reserved / MiB, allocated / MiB)

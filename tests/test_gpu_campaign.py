@@ -1,7 +1,9 @@
 """scripts/gpu_campaign.py, the one command a GPU session runs: its arguments, and a rehearsal of
 its plumbing on the CPU at smoke sizes -- every stage, the files it leaves, resuming, the budget."""
 import json
+import shutil
 import tarfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,12 +57,12 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     summary = json.loads((first / "summary.json").read_text())
     assert summary["stages_done"] == [] and summary["stages_left"] == ["loops"]
     assert campaign.main(["--out", str(first), "--device", "cpu", "--profile", "smoke",
-                          "--stages", "runs:wikitext2,loops,profile:wikitext2"]) == 0
+                          "--stages", "runs:wikitext2,reference,loops,profile:wikitext2"]) == 0
     assert campaign.main(["--out", str(second), "--resume", str(first), "--device", "cpu", "--profile", "smoke",
-                          "--stages", "runs:wikitext2,loops,profile:wikitext2,plan:wikitext2"]) == 0
+                          "--stages", "runs:wikitext2,reference,loops,profile:wikitext2,plan:wikitext2"]) == 0
     summary = json.loads((second / "summary.json").read_text())
     # the first call's stages kept, only the new one run
-    assert summary["stages_done"] == ["runs:wikitext2", "loops", "profile:wikitext2", "plan:wikitext2"]
+    assert summary["stages_done"] == ["runs:wikitext2", "reference", "loops", "profile:wikitext2", "plan:wikitext2"]
     assert sorted(p.name for p in second.iterdir()) == ["environment.json", "profiles.txt", "records.tar.gz",
                                                        "summary.json", "summary.md"]
     configs = summary["tasks"]["wikitext2"]["configs"]
@@ -78,7 +80,12 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     assert loops["trainopt engine"]["vs_hand"] > 0 and loops["trainopt engine"]["vs_skip_check"] > 0
     timed = [row for row in summary["plans"]["wikitext2"]["candidates"] if row["speedup"] is not None]
     assert timed and all(0 < row["mfu"] < 1 for row in timed)
+    reference = summary["reference"]
+    assert set(reference["rows"]) == {"reference bf16 eager", "task bf16 eager", "task auto"}  # no compiling on a CPU
+    assert all(row["throughput"] > 0 for row in reference["rows"].values())
+    assert set(reference["ratios"]) == {"task bf16 eager / reference bf16 eager", "task auto / reference bf16 eager"}
     goals = {g["goal"]: g for g in summary["goals"]}
+    assert "GPT-2 task >= 0.9x the minimal plain-PyTorch GPT-2 (benchmarks/gpt2_reference.py), bf16 eager" in goals
     assert "trainopt engine >= 0.99x the hand-written loop" in goals
     assert any(goal.startswith("planning <= 60 s (wikitext2") for goal in goals)
     with tarfile.open(second / "records.tar.gz") as tar:
@@ -87,6 +94,7 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     assert "plans_at_paper_size/smoke/plan__wikitext2.json" in names
     text = (second / "summary.md").read_text()
     assert text.index("## Goals") < text.index("## GPT-2 124M on stand-in: ") and "(NOT WikiText-2): smoke profile" in text
+    assert "## GPT-2: the task beside a minimal plain-PyTorch GPT-2" in text
     assert "## wikitext2: auto (" in (second / "profiles.txt").read_text()
 
 
@@ -99,45 +107,102 @@ def test_compiling_repays_from_compile_seconds_over_the_seconds_saved_per_sample
     assert campaign.compile_break_even(compiled, {**chosen, "compile_s": 5.0}) is None  # the choice compiles too
 
 
-def test_the_mfu_goal_takes_the_plans_fastest_step_not_its_highest_utilization(campaign):
-    def row(name, speedup, mfu, break_even=None):
-        return {"candidate": name, "speedup": speedup, "speedup_ci_low": 0.9 * speedup,
-                "speedup_ci_high": 1.1 * speedup, "mfu": mfu, "break_even_samples": break_even}
+def _plan(*rows):
+    """A plan as `Plan.to_dict()` holds it: rows of (name, precision, seconds per sample, speedup, interval, compile s)."""
+    return {"chosen": "bf16", "rows": [
+        {"candidate": name, "precision": precision, "tf32": False, "seconds_per_sample": seconds, "speedup": speedup,
+         "speedup_ci_low": low, "speedup_ci_high": high, "peak_memory_bytes": 1, "compile_s": compile_s,
+         "rejected_because": None} for name, precision, seconds, speedup, (low, high), compile_s in rows]}
 
-    plan = {"choice": "bf16", "run_samples": 2600, "speedup": 3.0, "speedup_ci": [2.9, 3.1], "planning_s": 50.0,
-            "compile_s": 30.0, "candidates": [row("fp32", 1.0, 0.64), row("bf16", 3.0, 0.13),
-                                              row("bf16, compiled", 7.0, 0.32, break_even=8700.0)]}
-    goals = campaign.goals({"tasks": {}, "plans": {"wikitext2": plan}, "loops": None})
+
+def test_a_candidates_mfu_and_its_interval_come_from_its_paired_speedup(campaign):
+    # the compiled row's own windows ran at 1 / 0.0025 samples/s, 8.0x the baseline's mean rate, but its paired
+    # speedup (the geometric mean of the per-window ratios) is 7.5x: the MFU and its interval follow the speedup
+    plan = _plan(("fp32, k=1", "fp32", 0.02, 1.0, (1.0, 1.0), None), ("bf16", "bf16", 0.0065, 3.0, (2.9, 3.1), None),
+                 ("bf16, compiled", "bf16", 0.0025, 7.5, (7.0, 8.0), 37.0))
+    peaks = {"fp32": 60e12, "bf16": 900e12}
+    rows = campaign.plan_candidates(plan, 6e9, 1000.0, lambda row: peaks[row["precision"]])
+    base_rate_mfu = 6e9 * (1000.0 / 0.02)
+    assert rows[0]["mfu"] == pytest.approx(base_rate_mfu / 60e12) and rows[0]["mfu_ci"] == [rows[0]["mfu"]] * 2
+    compiled = rows[2]
+    assert compiled["mfu"] == pytest.approx(7.5 * base_rate_mfu / 900e12)
+    assert compiled["mfu_ci"] == pytest.approx([7.0 * base_rate_mfu / 900e12, 8.0 * base_rate_mfu / 900e12])
+    assert compiled["break_even_samples"] == pytest.approx(37.0 / (0.0065 - 0.0025))
+
+
+def test_the_mfu_goal_takes_the_plans_fastest_step_not_its_highest_utilization(campaign):
+    plan = _plan(("fp32, k=1", "fp32", 0.02, 1.0, (1.0, 1.0), None), ("bf16", "bf16", 0.0065, 3.0, (2.7, 3.3), None),
+                 ("bf16, compiled", "bf16", 0.0028, 7.0, (6.3, 7.7), 37.0))
+    # peaks that put the compiled step at 32 % [28.8, 35.2] and the fp32 baseline at 64 %
+    per_speedup = 0.32 / 7.0
+    peaks = {"fp32": 1e9 * 50.0 / (0.64 / 1.0), "bf16": 1e9 * 50.0 / per_speedup}
+    candidates = campaign.plan_candidates(plan, 1e9, 1.0, lambda row: peaks[row["precision"]])
+    summary = {"choice": "bf16", "run_samples": 2600, "speedup": 3.0, "speedup_ci": [2.7, 3.3], "planning_s": 50.0,
+               "compile_s": 30.0, "candidates": candidates}
+    goals = campaign.goals({"tasks": {}, "plans": {"wikitext2": summary}, "loops": None})
     (mfu,) = [g for g in goals if g["goal"].startswith("GPT-2 MFU >= 30 %")]
-    assert mfu["measured"].startswith("32.0 % [28.8, 35.2], bf16, compiled; repays its compiling from 8,700 samples")
+    assert mfu["measured"].startswith("32.0 % [28.8, 35.2], bf16, compiled; repays its compiling from 10,000 samples")
     assert mfu["verdict"] == "inconclusive (the bar is inside the 95 % interval)"
 
 
-def test_the_reports_index_lists_each_gpu_campaigns_goals(tmp_path):
+def _write_campaign(folder, *, date: str, dirty: bool, auto_mfu: float = 0.135):
+    folder.mkdir(parents=True)
+    auto = {"config": "bf16, k=1", "speedup": 3.1, "speedup_ci": [3.0, 3.2], "mfu": auto_mfu, "throughput": 100.0,
+            "throughput_ci": [99.0, 101.0], "planning_s": 20.0, "compile_s": 0.0}
+    summary = {"device": "Some GPU", "tasks": {"wikitext2": {"profile": "gpu", "configs": {"auto": auto}}}, "plans": {}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "environment.json").write_text(json.dumps({"date_utc": date, "git": {"commit": "abc1234" * 5 + "ab",
+                                                                                     "dirty": dirty}}))
+
+
+def test_the_reports_index_lists_each_gpus_newest_clean_campaigns_goals(tmp_path):
     from trainopt_core.reporting.index import write_reports_index
 
-    folder = tmp_path / "gpu" / "some-gpu" / "campaign"
-    folder.mkdir(parents=True)
-    goals = [{"goal": "GPT-2 auto MFU >= 30 %", "measured": "13.5 % [13.5, 13.6]", "verdict": "not met"}]
-    (folder / "summary.json").write_text(json.dumps({"device": "Some GPU", "goals": goals}))
+    _write_campaign(tmp_path / "gpu" / "some-gpu" / "campaign", date="2026-11-26T10:00:00+00:00", dirty=False)
     index = write_reports_index(tmp_path).read_text()
     assert "## GPU campaigns" in index and "### Some GPU: [gpu/some-gpu/](gpu/some-gpu/README.md)" in index
-    assert "| GPT-2 auto MFU >= 30 % | 13.5 % [13.5, 13.6] | not met |" in index
-    (folder / "summary.json").unlink()
+    assert "| GPT-2 auto MFU >= 30 % | 13.5 % [13.4, 13.6] | not met |" in index
+    assert "<!-- gpu-campaigns:start -->" in index and "<!-- gpu-campaigns:end -->" in index
+    (tmp_path / "gpu" / "some-gpu" / "campaign" / "summary.json").unlink()
     assert "GPU campaigns" not in write_reports_index(tmp_path).read_text()
 
 
-def test_the_reports_index_shows_each_gpus_latest_campaign(tmp_path):
-    from trainopt_core.reporting.index import write_reports_index
+def test_a_newer_campaign_from_uncommitted_code_does_not_replace_the_clean_one(tmp_path):
+    from trainopt_core.reporting.gpu_campaign import gpu_campaign_lines, newest_clean_campaigns
 
-    for name, date, measured in (("campaign", "2026-11-26T10:00:00+00:00", "13.5 %"),
-                                 ("campaign_abc1234", "2026-11-27T09:00:00+00:00", "13.6 %")):
-        folder = tmp_path / "gpu" / "some-gpu" / name
-        folder.mkdir(parents=True)
-        goals = [{"goal": "GPT-2 auto MFU >= 30 %", "measured": measured, "verdict": "not met"}]
-        (folder / "summary.json").write_text(json.dumps({"device": "Some GPU", "goals": goals}))
-        (folder / "environment.json").write_text(json.dumps({"date_utc": date}))
-    index = write_reports_index(tmp_path).read_text()
-    assert index.count("### Some GPU") == 1
-    assert "From `gpu/some-gpu/campaign_abc1234/`, made 2026-11-27." in index
-    assert "| 13.6 % | not met |" in index and "| 13.5 % |" not in index
+    _write_campaign(tmp_path / "gpu" / "some-gpu" / "campaign_abc1234", date="2026-11-27T09:00:00+00:00", dirty=False,
+                    auto_mfu=0.136)
+    _write_campaign(tmp_path / "gpu" / "some-gpu" / "campaign_dirty", date="2026-11-28T09:00:00+00:00", dirty=True,
+                    auto_mfu=0.5)
+    _write_campaign(tmp_path / "gpu" / "some-gpu" / "campaign_old", date="2026-11-20T09:00:00+00:00", dirty=False,
+                    auto_mfu=0.1)
+    assert newest_clean_campaigns(tmp_path) == {"some-gpu": tmp_path / "gpu" / "some-gpu" / "campaign_abc1234"}
+    index = "\n".join(gpu_campaign_lines(tmp_path))
+    assert index.count("### Some GPU") == 1 and "From `gpu/some-gpu/campaign_abc1234/` (commit abc1234, 2026-11-27)." in index
+    assert "| 13.6 % [13.5, 13.7] | not met |" in index and "50.0 %" not in index and "10.0 %" not in index
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_gpu_lines_of_the_readme_and_the_reports_index_are_what_the_code_renders():
+    from trainopt_core.reporting.gpu_campaign import (INDEX_BLOCK, README_BLOCK, gpu_campaign_lines,
+                                                      readme_gpu_block)
+
+    readme = (REPO / "README.md").read_text()
+    assert readme_gpu_block(REPO) in readme, "stale: run python scripts/readme_summary.py"
+    index = (REPO / "reports" / "README.md").read_text()
+    block = "\n".join(gpu_campaign_lines(REPO / "reports")).strip("\n")
+    assert block.startswith(INDEX_BLOCK[0]) and block.endswith(INDEX_BLOCK[1]) and block in index, \
+        "stale: run python scripts/readme_summary.py"
+    assert "campaign_f68a878" in readme and README_BLOCK[0] in readme
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in (REPO / "reports/gpu/nvidia-h200").glob("*/records.tar.gz")))
+def test_a_committed_campaigns_summary_is_what_the_code_renders_from_its_records(campaign, tmp_path, folder):
+    committed = REPO / "reports" / "gpu" / "nvidia-h200" / folder
+    copy = tmp_path / folder
+    shutil.copytree(committed, copy)
+    campaign.rerender(copy)
+    assert (copy / "summary.md").read_text() == (committed / "summary.md").read_text(), \
+        f"stale: run python scripts/gpu_campaign.py --rerender {committed.relative_to(REPO)}"

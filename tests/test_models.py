@@ -1,11 +1,13 @@
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.models.resnet import Bottleneck, ResNet
 
 from trainopt_core.reproduction import models
+from trainopt_core.reproduction.gpt2 import CompactGPT2
 
 
 def test_resnet50_cifar_has_16_bottleneck_blocks_and_the_cifar_stem():
@@ -59,11 +61,13 @@ def test_checkpointing_adapter_finds_the_resnet_blocks():
 def test_gpt2_small_has_124m_parameters_with_tied_embeddings():
     with torch.device("meta"):
         model = models.gpt2_model()
-    assert model.lm_head.weight is model.transformer.wte.weight
-    assert models.count_parameters(model) == pytest.approx(124.4e6, rel=0.002)
-    assert len(model.transformer.h) == 12 and model.config.n_embd == 768 and model.config.n_positions == 1024
-    assert model.config.use_cache is False
-    assert model.config._attn_implementation == models.GPT2_ATTN_IMPLEMENTATION == "sdpa"
+    assert isinstance(model, CompactGPT2)
+    # the LM head is the token embedding: no other vocabulary-sized matrix
+    assert [name for name, p in model.named_parameters() if p.shape[0] >= 50257] == ["transformer.wte.weight"]
+    assert model.config.padded_vocab_size == 50304 and model.config.vocab_size == 50257
+    padding = (50304 - 50257) * 768  # rows that stay zero, never in a logit the loss sees
+    assert models.count_parameters(model) - padding == 124_439_808  # GPT2LMHeadModel's GPT-2 small
+    assert len(model.checkpoint_blocks) == 12 and model.config.n_embd == 768 and model.config.n_positions == 1024
 
 
 def test_gpt2_model_trains_from_random_initialisation():
@@ -77,13 +81,12 @@ def test_gpt2_model_trains_from_random_initialisation():
 
 
 def test_gpt2_flops_formula_agrees_with_flop_counter_within_10_percent():
-    config = models.gpt2_config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64, dropout=0.0)
-    config._attn_implementation = "eager"  # FlopCounterMode counts CPU attention only as explicit matmuls
-    from transformers import GPT2LMHeadModel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    model = GPT2LMHeadModel(config)
+    model = models.gpt2_model(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64, dropout=0.0)
     tokens = torch.randint(0, 512, (2, 64))
-    with FlopCounterMode(display=False) as counter:
+    # FlopCounterMode counts CPU attention only as explicit matmuls: SDPA's math kernel
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
         model(input_ids=tokens, labels=tokens).loss.backward()
     counted_per_token = counter.get_total_flops() / tokens.numel()
     formula_per_token = models.training_flops_per_token(model, seq_len=64)
@@ -150,3 +153,180 @@ def test_every_profile_names_sizes_for_both_model_families():
 def test_bad_arguments_raise_value_errors_naming_the_argument(call, argument):
     with pytest.raises(ValueError, match=argument):
         call()
+
+
+# ----------------------------------------------------------------------------- the compact GPT-2
+def test_compact_gpt2_computes_what_gpt2lmheadmodel_does_with_the_same_weights():
+    from trainopt_core.reproduction.gpt2 import from_hf
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    hf_model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, n_positions=32,
+                                          bos_token_id=0, eos_token_id=0, attn_implementation="eager"))
+    ours = from_hf(hf_model).eval()
+    hf_model.eval()
+    tokens = torch.randint(0, 300, (3, 32))
+    labels = tokens.clone()
+    labels[0, 5:9] = -100  # not predicted, in both
+    with torch.no_grad():
+        theirs, mine = hf_model(input_ids=tokens, labels=labels), ours(tokens, labels=labels)
+    assert mine.logits.shape == theirs.logits.shape == (3, 32, 300)
+    torch.testing.assert_close(mine.logits, theirs.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine.loss, theirs.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_compact_gpt2_gradients_match_gpt2lmheadmodel_in_training_without_dropout():
+    from trainopt_core.reproduction.gpt2 import CONV1D_WEIGHTS, from_hf, to_hf
+
+    torch.manual_seed(0)
+    ours = models.gpt2_model(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=16, dropout=0.0)
+    hf_model = to_hf(ours)
+    tokens = torch.randint(0, 100, (2, 16))
+    hf_model(input_ids=tokens, labels=tokens).loss.backward()
+    ours(tokens, labels=tokens).loss.backward()
+    theirs = dict(hf_model.named_parameters())
+    for name, parameter in ours.named_parameters():
+        grad = parameter.grad.t() if name.endswith(CONV1D_WEIGHTS) else parameter.grad
+        if name == "transformer.wte.weight":
+            assert torch.count_nonzero(grad[100:]) == 0  # the padded rows: no gradient
+            grad = grad[:100]
+        torch.testing.assert_close(grad, theirs[name].grad, rtol=1e-5, atol=1e-6)
+    assert from_hf(hf_model).config == ours.config
+
+
+def test_compact_gpt2_weights_round_trip_through_gpt2lmheadmodels_state_dict():
+    from trainopt_core.reproduction.gpt2 import from_hf, hf_state_dict, load_hf_state_dict, to_hf
+
+    torch.manual_seed(0)
+    model = models.gpt2_model(n_layer=2, n_embd=32, n_head=2, vocab_size=70, n_positions=16)
+    hf_model = to_hf(model)
+    state = hf_state_dict(model)
+    assert set(state) == set(hf_model.state_dict())
+    assert state["transformer.h.0.attn.c_attn.weight"].shape == (32, 96)  # Conv1D: (in, out)
+    assert state["lm_head.weight"].shape == state["transformer.wte.weight"].shape == (70, 32)
+    back = from_hf(hf_model)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+    untied = dict(state, **{"lm_head.weight": torch.zeros(70, 32)})
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        load_hf_state_dict(models.gpt2_model(n_layer=2, n_embd=32, n_head=2, vocab_size=70, n_positions=16), untied)
+
+
+def test_compact_gpt2_is_initialised_as_gpt2lmheadmodel():
+    torch.manual_seed(0)
+    model = models.gpt2_model(n_layer=8, n_embd=256, n_head=4, vocab_size=4000, n_positions=256)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    theirs = GPT2LMHeadModel(GPT2Config(n_layer=8, n_embd=256, n_head=4, vocab_size=4000, n_positions=256,
+                                        bos_token_id=0, eos_token_id=0)).state_dict()  # HF's own initialisation
+    projection_std = 0.02 / (2 * 8) ** 0.5
+    for name, tensor in model.state_dict().items():
+        if name == "transformer.wte.weight":
+            assert torch.count_nonzero(tensor[4000:]) == 0
+            tensor = tensor[:4000]
+        if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "transformer.ln_f.weight":
+            assert torch.all(tensor == 1) and torch.all(theirs[name] == 1), name
+        elif name.endswith("bias"):
+            assert torch.count_nonzero(tensor) == 0 and torch.count_nonzero(theirs[name]) == 0, name
+        else:
+            expected = projection_std if name.endswith("c_proj.weight") else 0.02
+            assert tensor.mean().abs() < 0.1 * expected, name
+            assert tensor.std().item() == pytest.approx(expected, rel=0.05), name
+            assert theirs[name].std().item() == pytest.approx(expected, rel=0.05), name
+
+
+def test_compact_gpt2_checkpoints_its_blocks_and_trains_the_same():
+    from trainopt_core.checkpointing import apply_activation_checkpointing, block_sequence, has_block_sequence
+
+    tokens = torch.randint(0, 50, (2, 16))
+
+    def loss_and_grads(checkpointed: bool):
+        torch.manual_seed(0)
+        model = models.gpt2_model(n_layer=4, n_embd=32, n_head=2, vocab_size=50, n_positions=16)  # dropout on
+        if checkpointed:
+            plan = apply_activation_checkpointing(model, "sqrt")
+            assert plan.num_blocks == 4 and plan.segments == 2
+        torch.manual_seed(1)
+        loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters()]
+
+    model = models.gpt2_model(n_layer=4, n_embd=32, n_head=2, vocab_size=50, n_positions=16)
+    assert has_block_sequence(model) and block_sequence(model) == tuple(model.transformer.h)
+    plain, checkpointed = loss_and_grads(False), loss_and_grads(True)
+    assert torch.equal(plain[0], checkpointed[0])  # dropout replays its RNG in the recompute
+    for a, b in zip(plain[1], checkpointed[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_padded_logits_never_enter_the_loss():
+    torch.manual_seed(0)
+    model = models.gpt2_model(n_layer=1, n_embd=16, n_head=2, vocab_size=100, n_positions=8).eval()
+    assert model.config.padded_vocab_size == 128
+    tokens = torch.randint(0, 100, (2, 8))
+    before = model(tokens, labels=tokens)
+    with torch.no_grad():
+        model.transformer.wte.weight[100:] = 50.0  # padded logits that would dominate any softmax
+    after = model(tokens, labels=tokens)
+    assert after.logits.shape == (2, 8, 100)
+    torch.testing.assert_close(after.loss, before.loss)
+    torch.testing.assert_close(after.logits, before.logits)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 16, 10_000])
+def test_the_chunked_loss_is_the_mean_cross_entropy_of_the_next_token(chunk_tokens):
+    from trainopt_core.reproduction.gpt2 import next_token_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 9, 64, requires_grad=True)  # 40 real columns, 24 padding
+    labels = torch.randint(0, 40, (2, 9))
+    labels[1, 3] = -100
+    expected = F.cross_entropy(logits[:, :-1, :40].reshape(-1, 40), labels[:, 1:].reshape(-1), ignore_index=-100)
+    (expected_grad,) = torch.autograd.grad(expected, logits)
+    loss = next_token_loss(logits, labels, 40, chunk_tokens=chunk_tokens)
+    (grad,) = torch.autograd.grad(loss, logits)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(grad, expected_grad)
+
+
+def test_the_loss_keeps_no_fp32_logits_for_backward_under_bf16_autocast():
+    """GPT2LMHeadModel keeps the upcast fp32 logits for the softmax's backward (6.1 GiB at the
+    paper's batch); the chunked loss keeps the bf16 logits only, and recomputes each chunk."""
+    from trainopt_core.reproduction.gpt2 import next_token_loss
+
+    hidden = torch.randn(4, 64, 32, requires_grad=True)
+    weight = torch.randn(256, 32, requires_grad=True)
+    labels = torch.randint(0, 250, (4, 64))
+    saved = []
+
+    def pack(tensor):
+        saved.append((tensor.dtype, tensor.numel()))
+        return tensor
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = F.linear(hidden, weight)
+        start = len(saved)
+        loss = next_token_loss(logits, labels, 250, chunk_tokens=64)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    fp32_saved = sum(n for dtype, n in saved[start:] if dtype == torch.float32)
+    assert fp32_saved < 0.1 * logits.numel(), saved[start:]
+    loss.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # HF's loss: the bf16 logits upcast, one cross-entropy
+        reference = F.cross_entropy(F.linear(hidden, weight)[:, :-1, :250].float().reshape(-1, 250),
+                                    labels[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, reference)
+
+
+def test_gpt2_run_conditions_name_the_model_implementation():
+    from trainopt_core.reproduction import gpt2, records
+    from trainopt_core.reproduction.profiles import get_profile
+
+    def conditions(task):
+        return records.run_conditions(device="cpu", backend="torch", world_size=1, data_source="x", data_policy="standin",
+                                      profile_settings=get_profile(task, "smoke").to_dict())
+
+    assert conditions("wikitext2")["model_version"] == gpt2.MODEL_VERSION
+    assert "model_version" not in conditions("cifar10")  # ResNet records made before keep their conditions
+    before = {k: v for k, v in conditions("wikitext2").items() if k != "model_version"}  # made with GPT2LMHeadModel
+    assert records.condition_differences({"conditions": before}, conditions("wikitext2")) == ["model_version"]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from .environment import describe_hardware, describe_manifest
+from .gpu_campaign import gpu_campaign_lines
 from .results import load_records, resolve_reports_dir
 from . import session_floor
 from .._errors import fail as _fail
@@ -355,29 +356,3 @@ def _profile_section(root: Path, folder: Path, rel: str) -> list[str]:
     lines += [f"- [{n.name}]({rel}/notebooks/{n.name})" for n in notebooks] or ["_None yet._"]
     return lines + [""]
 
-
-def gpu_campaign_lines(root: Path) -> list[str]:
-    """The goals of each GPU's latest campaign kept under ``<root>/gpu/<gpu>/campaign*/`` (scripts/gpu_campaign.py;
-    latest by its manifest's date), each with a link to its GPU folder's report."""
-    latest: dict[Path, tuple[str, Path]] = {}
-    for path in sorted((root / "gpu").glob("*/campaign*/summary.json")) if (root / "gpu").is_dir() else []:
-        manifest = path.parent / "environment.json"
-        date = json.loads(manifest.read_text()).get("date_utc", "") if manifest.is_file() else ""
-        gpu = path.parents[1]
-        if gpu not in latest or (date, path.parent.name) > (latest[gpu][0], latest[gpu][1].parent.name):
-            latest[gpu] = (date, path)
-    if not latest:
-        return []
-    lines = ["## GPU campaigns", "",
-             "The paper's models and batches on one GPU (`scripts/gpu_campaign.py`, the `gpu` profile's short runs on "
-             "the labeled stand-ins): the goals each GPU's latest campaign measured against; the folder's README has "
-             "the rest.", ""]
-    for gpu, (date, path) in sorted(latest.items()):
-        summary = json.loads(path.read_text())
-        folder = gpu.relative_to(root).as_posix()
-        made = f", made {date[:10]}" if date else ""
-        lines += [f"### {summary.get('device', gpu.name)}: [{folder}/]({folder}/README.md)", "",
-                  f"From `{folder}/{path.parent.name}/`{made}.", "",
-                  "| goal | measured | verdict |", "|---|---|---|"]
-        lines += [f"| {g['goal']} | {g['measured']} | {g['verdict']} |" for g in summary.get("goals", [])] + [""]
-    return lines

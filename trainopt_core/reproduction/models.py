@@ -3,8 +3,9 @@
 - ResNet-50 for CIFAR-10: torchvision's bottleneck ResNet [3, 4, 6, 3] (16 blocks) with the CIFAR
   stem (3x3 stride-1 conv, no max-pool). Scaled-down profiles keep the same 16-block sequence
   and shrink the base width, so √L checkpointing partitions the same block sequence.
-- GPT-2 small for WikiText-2: `transformers.GPT2LMHeadModel` built from a `GPT2Config`, trained
-  from scratch (no pretrained weights are ever downloaded).
+- GPT-2 small for WikiText-2: `reproduction.gpt2.CompactGPT2`, `transformers.GPT2LMHeadModel`'s
+  architecture and initialisation as a compact PyTorch module (it loads and saves that model's
+  weights), trained from scratch (no pretrained weights are ever downloaded).
 
 Training FLOPs per item (image or token) feed the FLOPs-utilization metric of SPEC §4.
 """
@@ -16,22 +17,18 @@ from torch.utils.flop_counter import FlopCounterMode
 from torchvision.models.resnet import Bottleneck, ResNet
 
 from .._errors import fail as _fail
+from .gpt2 import CompactGPT2, CompactGPT2Config
 
 MODEL_KINDS = ("resnet", "gpt2")
 PROFILES = ("paper", "quick", "smoke", "gpu")
-
-# One attention implementation for every GPT-2 configuration, so that precision, checkpointing
-# and batch-size comparisons never mix attention kernels. PyTorch's scaled_dot_product_attention
-# is the fast path on both CPU and CUDA.
-GPT2_ATTN_IMPLEMENTATION = "sdpa"
 
 # Model sizes per profile (data, not code paths). "paper" is paper §IV-A exactly; "quick" keeps the
 # model families and block counts the components act on (16 bottleneck blocks; a stack of GPT-2
 # blocks) at a size a 2-core CPU trains a few hundred steps of in minutes; "smoke" is the tiniest.
 # The quick sizes were chosen from AdamW training-step times on a shared 2-core CPU (one thread,
 # CPU seconds / wall seconds): ResNet [3,4,6,3] width 8, 32 images: 0.13 / 0.22 s (width 16:
-# 0.38 / 0.60 s); GPT-2 4x128, 8 sequences of 128 tokens: 1.0 / 1.8 s, about 90% of it the
-# 50257-way LM head and its loss (2 blocks cost the same as 4).
+# 0.38 / 0.60 s); GPT-2 4x128 (transformers' GPT2LMHeadModel then), 8 sequences of 128 tokens: 1.0 /
+# 1.8 s, about 90% of it the 50257-way LM head and its loss (2 blocks cost the same as 4).
 MODEL_SIZES: dict[str, dict[str, dict]] = {
     "paper": {
         "resnet": {"layers": (3, 4, 6, 3), "width": 64},
@@ -129,25 +126,13 @@ def gpt2_config(
     vocab_size: int = 50257,
     n_positions: int = 1024,
     dropout: float = 0.1,
-):
-    """The `GPT2Config` of `gpt2_model` (defaults: GPT-2 small, 124M parameters with tied embeddings)."""
-    from transformers import GPT2Config
-
-    for name, value in (("n_layer", n_layer), ("n_embd", n_embd), ("n_head", n_head),
-                        ("vocab_size", vocab_size), ("n_positions", n_positions)):
-        if not isinstance(value, int) or value < 1:
-            _fail(name, value, "an integer >= 1")
-    if n_embd % n_head:
-        _fail("n_head", n_head, f"a divisor of n_embd ({n_embd})")
-    if not (0.0 <= dropout < 1.0):
+) -> CompactGPT2Config:
+    """The configuration of `gpt2_model` (defaults: GPT-2 small, 124M parameters with tied
+    embeddings); `dropout` is GPT2Config's resid, embd and attn pdrop, as in GPT-2."""
+    if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
         _fail("dropout", dropout, "a number in [0, 1)")
-    end_of_text = min(50256, vocab_size - 1)  # GPT-2's <|endoftext|>, kept inside a smaller vocabulary
-    return GPT2Config(
-        n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size, n_positions=n_positions,
-        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-        bos_token_id=end_of_text, eos_token_id=end_of_text,
-        use_cache=False, attn_implementation=GPT2_ATTN_IMPLEMENTATION,
-    )
+    return CompactGPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
+                             n_positions=n_positions, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
 
 
 def gpt2_model(
@@ -157,12 +142,10 @@ def gpt2_model(
     vocab_size: int = 50257,
     n_positions: int = 1024,
     dropout: float = 0.1,
-):
-    """A randomly initialised `GPT2LMHeadModel` (trained from scratch; attention: `GPT2_ATTN_IMPLEMENTATION`)."""
-    from transformers import GPT2LMHeadModel
-
-    config = gpt2_config(n_layer, n_embd, n_head, vocab_size, n_positions, dropout)
-    return GPT2LMHeadModel(config)
+) -> CompactGPT2:
+    """A randomly initialised GPT-2 (`reproduction.gpt2.CompactGPT2`: GPT2LMHeadModel's model and
+    initialisation, trained from scratch; `gpt2.to_hf` gives the same weights as a GPT2LMHeadModel)."""
+    return CompactGPT2(gpt2_config(n_layer, n_embd, n_head, vocab_size, n_positions, dropout))
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -215,7 +198,8 @@ def gpt2_training_flops_per_token(config, seq_len: int | None = None) -> float:
     the attention score and value matmuls (QKᵀ and AV: 4·T·d forward per layer, not halved for
     the causal mask). N counts the weights that take part in matmuls: the blocks, the final
     layer norm and the LM-head matrix (vocab x n_embd; with tied embeddings the input lookup
-    itself costs no FLOPs, and position embeddings are a lookup too).
+    itself costs no FLOPs, and position embeddings are a lookup too). The vocabulary is the
+    model's (`config.vocab_size`), not the padded rows its LM head multiplies by (model FLOPs).
     """
     d, n_layer, vocab = config.n_embd, config.n_layer, config.vocab_size
     seq_len = config.n_positions if seq_len is None else seq_len
@@ -245,7 +229,8 @@ def training_flops_per_item(model: nn.Module, input_shape=(3, 32, 32)) -> float:
 
 
 def training_flops_per_token(model_or_config, seq_len: int | None = None) -> float:
-    """Training FLOPs per token of a GPT-2 model or `GPT2Config` (`gpt2_training_flops_per_token`)."""
+    """Training FLOPs per token of a GPT-2 model or its configuration (`CompactGPT2Config` or
+    transformers' `GPT2Config`; `gpt2_training_flops_per_token`)."""
     config = getattr(model_or_config, "config", model_or_config)
     if not all(hasattr(config, name) for name in ("n_embd", "n_layer", "vocab_size", "n_positions")):
         _fail("model_or_config", type(model_or_config).__name__, "a GPT2Config or a model carrying one")
@@ -253,7 +238,7 @@ def training_flops_per_token(model_or_config, seq_len: int | None = None) -> flo
 
 
 __all__ = [
-    "MODEL_SIZES", "MODEL_KINDS", "PROFILES", "GPT2_ATTN_IMPLEMENTATION", "CifarResNet",
+    "MODEL_SIZES", "MODEL_KINDS", "PROFILES", "CifarResNet",
     "resnet_cifar", "resnet50_cifar", "gpt2_config", "gpt2_model", "model_size", "build_model",
     "count_parameters", "forward_flops", "gpt2_training_flops_per_token", "training_flops_per_item",
     "training_flops_per_token",

@@ -6,7 +6,7 @@ a partial run that looks complete.
 
 A record is reused only under the conditions it was made in (`run_conditions`): the same kind of
 machine (`measure.hardware_fingerprint`), device type, backend, world size, data source and data
-policy, torch version and profile settings. Anything else is measured again, so a reproduction
+policy, torch version, profile settings and, for GPT-2, the model's implementation. Anything else is measured again, so a reproduction
 on another machine measures that machine.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from ..config import OptimizationConfig, computation_part
 from ..measure import hardware_fingerprint, run_manifest
 from ..measure.allocator import host_allocator
+from .gpt2 import MODEL_VERSION as GPT2_MODEL_VERSION
 
 RECORD_SCHEMA = 2  # 2: conditions, samples/steps to target, wall-clock time to target kept beside
 
@@ -47,11 +48,22 @@ def load_record(path: Path) -> dict | None:
 
 def run_conditions(*, device: torch.device | str, backend: str, world_size: int, data_source: str,
                    data_policy: str, profile_settings: dict) -> dict:
-    """The conditions a measurement holds for; a record is reused only when they are equal."""
+    """The conditions a measurement holds for; a record is reused only when they are equal. A
+    GPT-2 task's conditions name its model's implementation (`model_version`), so a record made
+    with another one (transformers' GPT2LMHeadModel before it) is measured again."""
     device = torch.device(device)
-    return as_json(dict(hardware=hardware_fingerprint(device), device_type=device.type, backend=backend,
-                        world_size=world_size, data_source=data_source, data_policy=data_policy,
-                        torch=torch.__version__, host_allocator=host_allocator(), profile_settings=profile_settings))
+    conditions = dict(hardware=hardware_fingerprint(device), device_type=device.type, backend=backend,
+                      world_size=world_size, data_source=data_source, data_policy=data_policy,
+                      torch=torch.__version__, host_allocator=host_allocator(), profile_settings=profile_settings)
+    version = model_version(profile_settings.get("task"))
+    if version is not None:  # the ResNet's records keep their conditions
+        conditions["model_version"] = version
+    return as_json(conditions)
+
+
+def model_version(task: str | None) -> str | None:
+    """The implementation of `task`'s model where more than one has run it (GPT-2), else None."""
+    return GPT2_MODEL_VERSION if task == "wikitext2" else None
 
 
 # Profile settings no measurement reads: how often a run checkpoints itself changes nothing it records.
