@@ -84,15 +84,15 @@ def _within(seconds: float, attempt: Callable[[], None]) -> str | None:
     return outcome[0] if outcome else f"no answer within {seconds:g} s"
 
 
-def _gcs_answers(address: str) -> None:
-    """Raises unless a Ray GCS answers at `address`: Ray's own GCS client asks it for the cluster's
-    id. A TCP connection alone proves little: a proxy or a firewall may accept it, and ray.init()
-    then waits for ever. Ray's client is internal to Ray; where a release lacks it, no check."""
+def _gcs_client():
+    """Ray's own GCS client class (internal to Ray), or None where this release lacks it. A GCS
+    that answers it with the cluster's id is there; a TCP connection alone proves little: a proxy or
+    a firewall may accept it, and ray.init() then waits for ever."""
     try:
         from ray._raylet import GcsClient
     except ImportError:
-        return
-    GcsClient(address=address)
+        return None
+    return GcsClient
 
 
 def check_ray_address(address: str | None, argument: str = "ray_address",
@@ -111,8 +111,9 @@ def check_ray_address(address: str | None, argument: str = "ray_address",
         _fail(argument, address, RAY_ADDRESSES)
     host, port = _host_and_port(address)
     why = _within(timeout_s, lambda: socket.create_connection((host, port), timeout=timeout_s).close())
-    if why is None and not address.startswith("ray://"):
-        why = _within(2 * timeout_s, lambda: _gcs_answers(f"{host}:{port}"))
+    client = None if why is not None or address.startswith("ray://") else _gcs_client()
+    if client is not None:
+        why = _within(2 * timeout_s, lambda: client(address=f"{host}:{port}"))
         why = why and f"a connection opened, but no Ray GCS answered ({why})"
     if why is not None:
         _fail(argument, address, f"{RAY_ADDRESSES}; at {host}:{port}: {why}")
