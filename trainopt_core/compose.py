@@ -61,7 +61,7 @@ def _is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def device_available(device: torch.device) -> bool:
+def _device_available(device: torch.device) -> bool:
     """Whether this machine has `device` (a CUDA GPU of that index, an MPS or XPU device, ...)."""
     if device.type == "cpu":
         return True
@@ -82,7 +82,7 @@ def _check_device(device) -> None:
         parsed = torch.device(device)
     except RuntimeError:
         fail("device", device, allowed)
-    if not device_available(parsed):
+    if not _device_available(parsed):
         fail("device", device, allowed + ("" if torch.cuda.is_available() else " (torch.cuda.is_available() is False)"))
 
 
