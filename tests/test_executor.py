@@ -69,6 +69,14 @@ def test_a_malformed_ray_address_is_refused_without_trying_it(address):
         executor.check_ray_address(address)
 
 
+@pytest.mark.parametrize("address", [None, "auto"])
+def test_the_environments_ray_address_is_checked_and_named_where_ray_init_would_read_it(address, monkeypatch):
+    unanswered = f"127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", unanswered)
+    with pytest.raises(ValueError, match=rf"RAY_ADDRESS \(the environment's.*\)='{unanswered}' is invalid"):
+        executor.check_ray_address(address)
+
+
 def test_run_on_ray_checks_the_address_before_ray_init(monkeypatch, tmp_path):
     ray = pytest.importorskip("ray")
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
