@@ -29,8 +29,8 @@ measured again; those made here are reused, so an interrupted reproduction resum
                  paper (the paper's setup; needs GPUs and the real data sets)
                  gpu (the paper's models and batches in short runs: about 6 minutes of one H100)
   --seeds N      seeds per configuration, N >= 1 (default 3: the fewest with a usable 95 % CI)
-  --sections     comma-separated subset of $SECTIONS_ALL (default: all, in this order)
-  --tasks        comma-separated subset of cifar10,wikitext2 (default: both)
+  --sections     comma-separated subset of $SECTIONS_ALL, each once (default: all, in this order)
+  --tasks        comma-separated subset of cifar10,wikitext2, each once (default: both)
   --data-policy  auto (default: real data when present, else a labeled stand-in), real, standin
   --reports-dir  where to write (default: reports/ of this checkout); e.g. a second folder to
                  compare two reproductions with python -m trainopt_core.reporting.agreement
@@ -39,6 +39,7 @@ measured again; those made here are reused, so an interrupted reproduction resum
   --ray-address  with --executor ray: a running cluster's address (auto, HOST:PORT); default:
                  a local cluster of this machine, started by each notebook
   -h, --help     this text
+Each option at most once.
 USAGE
 }
 
@@ -56,6 +57,7 @@ data_policy=auto
 reports_root=
 executor=local
 ray_address=
+given=" "  # the flags given so far: each at most once
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -66,6 +68,8 @@ while [ $# -gt 0 ]; do
             option=${1%%=*}; value=${1#*=}; shift ;;
         *) fail_usage "unknown argument '$1'" ;;
     esac
+    case "$given" in *" $option "*) fail_usage "$option is given twice: allowed once" ;; esac
+    given="$given$option "
     case "$option" in
         --profile) profile=$value ;;
         --seeds) seeds=$value ;;
@@ -82,17 +86,35 @@ case "$profile" in smoke|quick|paper|gpu) ;; *) fail_usage "--profile '$profile'
 [[ "$seeds" =~ ^[1-9][0-9]*$ ]] || fail_usage "--seeds '$seeds' is invalid: allowed an integer >= 1"
 case "$data_policy" in auto|real|standin) ;; *) fail_usage "--data-policy '$data_policy' is invalid: allowed auto, real, standin" ;; esac
 case "$executor" in local|ray) ;; *) fail_usage "--executor '$executor' is invalid: allowed local, ray" ;; esac
-[ -z "$ray_address" ] || [ "$executor" = ray ] || fail_usage "--ray-address is for --executor ray (the executor is '$executor')"
-for task in ${tasks//,/ }; do
-    case "$task" in cifar10|wikitext2) ;; *) fail_usage "--tasks: '$task' is invalid: allowed cifar10, wikitext2" ;; esac
-done
-[ -n "${tasks//,/}" ] || fail_usage "--tasks '' is invalid: allowed a comma-separated subset of cifar10,wikitext2"
-selected=()
-for section in ${sections//,/ }; do
-    [ -n "$(notebook_for "$section")" ] || fail_usage "--sections: '$section' is invalid: allowed a comma-separated subset of $SECTIONS_ALL"
-    selected+=("$section")
-done
-[ ${#selected[@]} -gt 0 ] || fail_usage "--sections '' is invalid: allowed a comma-separated subset of $SECTIONS_ALL"
+case "$given" in *" --ray-address "*)
+    [ "$executor" = ray ] || fail_usage "--ray-address is for --executor ray (the executor is '$executor')"
+    [ -n "$ray_address" ] || fail_usage "--ray-address '' is invalid: allowed auto, HOST:PORT or ray://HOST:PORT of a running cluster (leave it out for a cluster of this machine)"
+    # HOST:PORT that takes no TCP connection within 5 s: said now, before the environment is set up
+    # (the Python check after it also asks for Ray's GCS there)
+    host=${ray_address#ray://}; port=${host##*:}; host=${host%:*}; host=${host#[}; host=${host%]}
+    if [[ "$port" =~ ^[0-9]+$ ]] && [ -n "$host" ] && command -v timeout >/dev/null; then
+        timeout 5 bash -c ': > "/dev/tcp/$0/$1"' "$host" "$port" 2>/dev/null \
+            || fail_usage "--ray-address '$ray_address' is invalid: nothing accepted a connection at $host:$port within 5 s; allowed auto, HOST:PORT or ray://HOST:PORT of a running cluster this machine reaches"
+    fi ;;
+esac
+# a comma-separated list: each item allowed, none empty, none twice
+check_list() {  # flag, value, allowed items (comma-separated)
+    local item items seen=","
+    [ -n "$2" ] || fail_usage "$1 '' is invalid: allowed a comma-separated subset of $3"
+    case "$2" in ,*|*,|*,,*) fail_usage "$1 '$2' is invalid: an empty item; allowed a comma-separated subset of $3" ;; esac
+    IFS=, read -r -a items <<< "$2"
+    for item in "${items[@]}"; do
+        case ",$3," in *",$item,"*) ;; *) fail_usage "$1: '$item' is invalid: allowed a comma-separated subset of $3" ;; esac
+        case "$seen" in *",$item,"*) fail_usage "$1 '$2' is invalid: '$item' twice; allowed each of $3 at most once" ;; esac
+        seen="$seen$item,"
+    done
+}
+check_list --tasks "$tasks" cifar10,wikitext2
+check_list --sections "$sections" "$SECTIONS_ALL"
+read -r -a selected <<< "${sections//,/ }"
+case "$given" in *" --reports-dir "*)
+    [ -n "$reports_root" ] || fail_usage "--reports-dir '' is invalid: allowed a folder path (leave it out for reports/ of this checkout)" ;;
+esac
 
 if [ -n "$reports_root" ]; then
     mkdir -p "$reports_root" || fail_usage "--reports-dir '$reports_root' cannot be created"
@@ -109,6 +131,18 @@ reports_root=${reports_root:-$root/reports}
 . scripts/bootstrap.sh || { echo "run_all.sh: setting up the Python environment failed (see above)" >&2; exit 1; }
 if [ "$executor" = ray ] && ! python -c "import ray" 2>/dev/null; then
     fail_usage "--executor ray needs Ray, which is not installed: pip install 'trainopt[cluster]' (or --executor local)"
+fi
+if [ -n "$ray_address" ]; then  # a cluster that does not answer: said here, not after minutes in ray.init()
+    refusal=$(RAY_BACKEND_LOG_LEVEL=error python - "$ray_address" <<'PY'
+import sys
+from trainopt_core.reproduction.executor import check_ray_address
+try:
+    check_ray_address(sys.argv[1], "--ray-address")
+except ValueError as error:
+    print(error)
+PY
+) || refusal="--ray-address '$ray_address' could not be checked (see above)"
+    [ -z "$refusal" ] || fail_usage "$refusal"
 fi
 
 out_dir="$reports_root/$profile/notebooks"

@@ -1,7 +1,8 @@
 """What losing a Ray worker costs: one smoke run (the stand-in CIFAR task's optimized rung without
 checkpointing, an in-run checkpoint after every optimizer step) on a local Ray cluster, without and
-with a SIGKILL of its worker right after the first checkpoint, interleaved (plain, killed) x 3 in
-one process; each record is compared with a sequential run's in every deterministic field.
+with a SIGKILL of its worker (this cluster's only) right after the first checkpoint, interleaved
+(plain, killed) x 3 in one process; each record is compared with a sequential run's in every
+deterministic field.
 
     python scripts/ray_kill_cost.py OUT_DIR      # about 2.5 min on a 2-core CPU; needs trainopt[cluster]
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from trainopt_core.reproduction import executor  # noqa: E402
@@ -28,30 +30,42 @@ ITEM, OPTIONS = ("cifar10", "-checkpointing", 0), dict(checkpoint_every_steps=1)
 REPEATS = 3
 
 
-def worker_pids() -> list[int]:
-    """Processes whose title says they run the executor's task (Ray names them ray::<function>)."""
+def cluster_raylets() -> set[str]:
+    """The raylet socket of each live node of the Ray cluster this process is connected to."""
+    import ray
+
+    return {node["RayletSocketName"] for node in ray.nodes() if node.get("Alive")}
+
+
+def worker_pids(raylets: set[str]) -> list[int]:
+    """Processes whose title says they run the executor's task (Ray names them ray::<function>)
+    and that descend from one of `raylets` (their sockets, `cluster_raylets`): this cluster's
+    workers, not another cluster's on the same machine."""
+    flags = {f"--raylet_socket_name={socket}" for socket in raylets}
     pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"ray::_run_one" in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if not any("ray::_run_one" in part for part in process.info["cmdline"] or ()):
+                continue
+            if any(flags & set(parent.cmdline()) for parent in process.parents()):
+                pids.append(process.pid)
+        except psutil.Error:  # gone, or not ours to read
+            pass
     return pids
 
 
 def kill_after_the_first_checkpoint(out: Path) -> tuple[threading.Thread, list[int]]:
-    """A started thread that SIGKILLs the executor's worker processes as soon as a run writing into
-    `out` has saved its first in-run checkpoint (watching for up to 240 s), and the list of the
-    process ids it killed, filled as it does."""
+    """A started thread that SIGKILLs the executor's worker processes of this process's Ray cluster
+    as soon as a run writing into `out` has saved its first in-run checkpoint (watching for up to
+    240 s), and the list of the process ids it killed, filled as it does."""
     killed: list[int] = []
+    raylets = cluster_raylets()
 
     def watch():
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not killed:
             if any((out / ".checkpoints").rglob("step*.rank0.pt")):
-                for pid in worker_pids():
+                for pid in worker_pids(raylets):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
             time.sleep(0.01)

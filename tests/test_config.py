@@ -107,3 +107,17 @@ def test_autocast_support_probe_on_this_cpu():
 
     assert autocast_supports("cpu", torch.bfloat16)
     assert not autocast_supports("cpu", torch.float64)
+
+
+def test_every_committed_records_configuration_is_accepted_with_the_hash_it_was_stored_under():
+    """The checks refuse no configuration a committed run record holds, and its hash (the records'
+    key) is the one stored with it."""
+    from pathlib import Path
+
+    checked = 0
+    for path in (Path(__file__).resolve().parents[1] / "reports").rglob("*__seed*.json"):
+        record = json.loads(path.read_text())
+        if isinstance(record.get("config"), dict) and "config_hash" in record:
+            assert OptimizationConfig.from_dict(record["config"]).config_hash() == record["config_hash"], path
+            checked += 1
+    assert checked >= 100

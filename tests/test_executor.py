@@ -2,6 +2,10 @@
 machine a section's smoke grid gives the records a sequential run gives, in every deterministic
 field; a worker killed mid-run (SIGKILL, from outside) is retried by Ray and the run resumes from
 its in-run checkpoint; without Ray the error says how to install it."""
+import os
+import signal
+import socket
+import subprocess
 import sys
 import time
 
@@ -40,6 +44,72 @@ def test_a_run_holds_one_gpu_where_the_cluster_has_gpus_else_a_share_of_a_nodes_
         executor.resources_per_run(0, 2, cpus_per_run=0)
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("where", ["a free port of this machine", "a non-routable address"])
+def test_an_unreachable_ray_address_is_refused_naming_the_flag_within_30_s(where):
+    if where == "a non-routable address":
+        pytest.importorskip("ray")  # where a proxy accepts every connection, Ray's GCS client tells
+    address = f"127.0.0.1:{_free_port()}" if where.startswith("a free") else "10.255.255.1:6379"
+    started = time.perf_counter()
+    with pytest.raises(ValueError) as refused:
+        executor.check_ray_address(address, "--ray-address")
+    assert time.perf_counter() - started < 30
+    assert str(refused.value).startswith(f"--ray-address={address!r} is invalid: allowed 'auto'")
+    assert "HOST:PORT of a running cluster's head" in str(refused.value)
+
+
+@pytest.mark.parametrize("address", ["nonsense", "host:99999", "http://host:6379", "host:6379/path"])
+def test_a_malformed_ray_address_is_refused_without_trying_it(address):
+    with pytest.raises(ValueError, match=f"ray_address='{address}' is invalid: allowed 'auto'"):
+        executor.check_ray_address(address)
+
+
+@pytest.mark.parametrize("address", [None, "auto"])
+def test_the_environments_ray_address_is_checked_and_named_where_ray_init_would_read_it(address, monkeypatch):
+    unanswered = f"127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", unanswered)
+    with pytest.raises(ValueError, match=rf"RAY_ADDRESS \(the environment's.*\)='{unanswered}' is invalid"):
+        executor.check_ray_address(address)
+
+
+def test_run_on_ray_checks_the_address_before_ray_init(monkeypatch, tmp_path):
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("ray.init() was called"))
+    address = f"127.0.0.1:{_free_port()}"
+    with pytest.raises(ValueError, match=f"ray_address='{address}' is invalid"):
+        executor.run_on_ray([("cifar10", "baseline", 0)], address=address, out_dir=tmp_path, **STANDIN)
+
+
+def test_the_kill_helper_finds_its_own_clusters_workers_only():
+    """Process trees like Ray's (a raylet started with its socket, a worker titled ray::_run_one
+    under it), for two clusters and a stray process: only the named raylet's worker is listed."""
+    worker = "import time; time.sleep(60)"
+    raylet = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', sys.argv[1], "
+              "'ray::_run_one']); print(child.pid, flush=True); time.sleep(60)")
+    started = []
+    try:
+        for cluster in ("ours", "theirs"):
+            parent = subprocess.Popen([sys.executable, "-c", raylet, worker,
+                                       f"--raylet_socket_name=/tmp/ray/{cluster}/sockets/raylet"],
+                                      stdout=subprocess.PIPE, text=True)
+            started += [parent.pid, int(parent.stdout.readline())]
+        stray = subprocess.Popen([sys.executable, "-c", worker, "ray::_run_one"])
+        started.append(stray.pid)
+        find = load_script("scripts/ray_kill_cost.py").worker_pids
+        assert find({"/tmp/ray/ours/sockets/raylet"}) == [started[1]]
+        assert sorted(find({"/tmp/ray/ours/sockets/raylet", "/tmp/ray/theirs/sockets/raylet"})) == [started[1],
+                                                                                                   started[3]]
+    finally:
+        for pid in reversed(started):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray")
@@ -74,11 +144,14 @@ def test_a_smoke_grid_on_ray_gives_the_sequential_records(ray_cluster, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_is_retried_and_resumes_from_its_checkpoint(ray_cluster, tmp_path):
+def test_a_worker_killed_mid_run_is_retried_and_resumes_from_its_checkpoint(ray_cluster, tmp_path, request):
     # the optimized rung without checkpointing, a checkpoint after every optimizer step
     item, options = ("cifar10", "-checkpointing", 0), dict(checkpoint_every_steps=1)
     reference = run(*item[:2], seed=0, out_dir=tmp_path / "reference", progress=False, **options, **STANDIN)
     out = tmp_path / "ray"
+    # a process titled like a worker, of no cluster: the kill leaves it alone
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "ray::_run_one"])
+    request.addfinalizer(stray.kill)
     watcher, killed = load_script("scripts/ray_kill_cost.py").kill_after_the_first_checkpoint(out)
     started = time.perf_counter()
     lines = []
@@ -87,6 +160,7 @@ def test_a_worker_killed_mid_run_is_retried_and_resumes_from_its_checkpoint(ray_
     seconds = time.perf_counter() - started
     watcher.join(timeout=5)
     assert killed, "no worker was killed"
+    assert stray.poll() is None and stray.pid not in killed, "a process of no cluster was killed"
     assert any("resumed from its in-run checkpoint after optimizer step" in note for note in record["notes"]), \
         record["notes"]
     assert not record_differences(reference, record)

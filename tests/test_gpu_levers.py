@@ -84,6 +84,69 @@ def test_tf32_autocast_enters_both_and_leaves_both():
         assert not torch.is_autocast_enabled("cpu") and torch.get_float32_matmul_precision() == "high"
 
 
+NEWER_TF32_FLAGS = ("", "cudnn", "mkldnn", "cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv",
+                    "mkldnn.rnn")  # torch.backends.<this>.fp32_precision, torch >= 2.9
+
+
+def _backends(path: str):
+    node = torch.backends
+    for part in filter(None, path.split(".")):
+        node = getattr(node, part)
+    return node
+
+
+def _tf32_flag_readings() -> dict:
+    """Every TF32 flag of torch, older and newer, as read now (a read that raises: its error's type)."""
+    readers = {"get_float32_matmul_precision": torch.get_float32_matmul_precision,
+               "cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+               "cudnn.allow_tf32": lambda: torch.backends.cudnn.allow_tf32}
+    readers.update({f"{path or 'backends'}.fp32_precision": (lambda path=path: _backends(path).fp32_precision)
+                    for path in NEWER_TF32_FLAGS})
+    readings = {}
+    for name, read in readers.items():
+        try:
+            readings[name] = read()
+        except (RuntimeError, AttributeError) as error:
+            readings[name] = type(error).__name__
+    return readings
+
+
+@pytest.fixture
+def tf32_flags_put_back():
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    per_op = [path for path in NEWER_TF32_FLAGS if "." in path] if NEWER_API else []
+    newer = {path: _backends(path).fp32_precision for path in per_op}
+    yield
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn
+    for path, value in newer.items():
+        _backends(path).fp32_precision = value
+
+
+NEWER_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+NEWER_ONLY = pytest.mark.skipif(not NEWER_API, reason="torch < 2.9 has only the older flags")
+SET_BEFORE = {
+    "torch's defaults": lambda: None,
+    "cudnn.allow_tf32 = False": lambda: setattr(torch.backends.cudnn, "allow_tf32", False),
+    "set_float32_matmul_precision('medium')": lambda: torch.set_float32_matmul_precision("medium"),
+    # the newer flags set apart: reading the older ones is then an error
+    "cuda.matmul.fp32_precision = 'ieee'": lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "ieee"),
+    "cudnn.conv.fp32_precision = 'ieee'": lambda: setattr(torch.backends.cudnn.conv, "fp32_precision", "ieee"),
+}
+
+
+@pytest.mark.parametrize("before", [*list(SET_BEFORE)[:3], *(pytest.param(name, marks=NEWER_ONLY)
+                                                             for name in list(SET_BEFORE)[3:])])
+def test_tf32_allowed_puts_back_exactly_every_flag_it_changed(before, tf32_flags_put_back):
+    from trainopt_core.measure.flops import tf32_enabled
+
+    SET_BEFORE[before]()
+    readings = _tf32_flag_readings()
+    with mp.tf32_allowed():
+        assert tf32_enabled("matmul")[0] and tf32_enabled("convolution")[0]
+    assert _tf32_flag_readings() == readings  # e.g. cuda.matmul.fp32_precision 'none' stays 'none', not 'ieee'
+
+
 # ----------------------------------------------------------------------------- the search space
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CPU's candidates")
 def test_on_a_cpu_neither_tf32_nor_cuda_graphs_is_offered():

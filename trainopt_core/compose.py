@@ -7,11 +7,13 @@ DDP model all-reduce in the reduced precision (eq. 17), and picks the engine: th
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import torch
 
 from . import precision as mp
 from ._caller import warn_at_caller
+from ._errors import fail
 from .checkpointing import SUPPORTED_MODELS, apply_activation_checkpointing, has_block_sequence, unalias_checkpoint_blocks
 from .config import OptimizationConfig, use_expandable_segments
 from .engine import TrainingEngine, model_device
@@ -53,6 +55,60 @@ def use_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> None:
         settings["fused"] = impl == "fused"
     if impl == "fused":
         optimizer._step_supports_amp_scaling = True  # the fused step unscales and skips inf itself
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _device_available(device: torch.device) -> bool:
+    """Whether this machine has `device` (a CUDA GPU of that index, an MPS or XPU device, ...)."""
+    if device.type == "cpu":
+        return True
+    if device.type == "mps":
+        return torch.backends.mps.is_available()
+    backend = getattr(torch, device.type, None)
+    if backend is None or not hasattr(backend, "is_available") or not backend.is_available():
+        return False
+    return device.index is None or device.index < backend.device_count()
+
+
+def _check_device(device) -> None:
+    here = ["'cpu'"] + ([f"'cuda', 'cuda:N' for N < {torch.cuda.device_count()}"] if torch.cuda.is_available() else [])
+    allowed = f"None (the model's device) or a device this machine has: {', '.join(here)}"
+    if not isinstance(device, (str, torch.device)):
+        fail("device", device, allowed)
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        fail("device", device, allowed)
+    if not _device_available(parsed):
+        fail("device", device, allowed + ("" if torch.cuda.is_available() else " (torch.cuda.is_available() is False)"))
+
+
+def _check_arguments(model, optimizer, config, *, micro_batch_size, device, world_size, checkpoint_model, backend,
+                     min_lr) -> None:
+    """prepare()'s arguments, each refused naming it and what is allowed (the schedule's horizon
+    and warmup are the schedule's to check)."""
+    if not isinstance(model, torch.nn.Module):
+        fail("model", model, "a torch.nn.Module (or a DistributedDataParallel of one)")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        fail("optimizer", optimizer, "a torch.optim.Optimizer over the model's parameters")
+    if not isinstance(config, OptimizationConfig):
+        fail("config", config, "an OptimizationConfig")
+    if not _is_count(micro_batch_size):
+        fail("micro_batch_size", micro_batch_size, "an integer >= 1 (samples per micro-batch on each process)")
+    if device is not None:
+        _check_device(device)
+    if world_size is not None and not _is_count(world_size):
+        fail("world_size", world_size, "None (torch.distributed's) or an integer >= 1")
+    if checkpoint_model is not None and not isinstance(checkpoint_model, torch.nn.Module):
+        fail("checkpoint_model", checkpoint_model, "None (the model) or the torch.nn.Module whose blocks are checkpointed")
+    if backend not in BACKENDS or not isinstance(backend, str):
+        fail("backend", backend, f"one of {BACKENDS}")
+    if min_lr is not None and not (isinstance(min_lr, (int, float)) and not isinstance(min_lr, bool)
+                                   and math.isfinite(min_lr) and min_lr >= 0):
+        fail("min_lr", min_lr, "None (the configuration's min_lr_ratio x the base LR) or an LR >= 0")
 
 
 def prepare(
@@ -101,12 +157,8 @@ def prepare(
     natively (`precision.choose_precision`; said once); an explicit one that runs slower here
     than another (bf16 emulated on a CPU without bf16 instructions, fp16 on any CPU) warns.
     """
-    if not isinstance(config, OptimizationConfig):
-        raise ValueError(f"config={config!r} is invalid: allowed an OptimizationConfig")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is invalid: allowed one of {BACKENDS}")
-    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
-        raise ValueError(f"world_size={world_size!r} is invalid: allowed None (torch.distributed's) or an integer >= 1")
+    _check_arguments(model, optimizer, config, micro_batch_size=micro_batch_size, device=device,
+                     world_size=world_size, checkpoint_model=checkpoint_model, backend=backend, min_lr=min_lr)
     if world_size is None:
         dist = torch.distributed
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

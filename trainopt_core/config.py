@@ -69,6 +69,67 @@ def _fail(field_name: str, value, allowed: str) -> None:
     fail(f"OptimizationConfig.{field_name}", value, allowed)
 
 
+def _is_number(value) -> bool:
+    """A finite int or float, not a bool (True is no loss scale, no fraction of a run)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_integer(value, minimum: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _one_of(values: tuple):
+    """Equal to one of `values` and of its type: 1.0 is no ZeRO stage, True no stage 1."""
+    return lambda value: not isinstance(value, bool) and any(isinstance(value, type(allowed)) and value == allowed
+                                                             for allowed in values)
+
+
+def _is_segments(value) -> bool:
+    return value is None or (value == "sqrt" if isinstance(value, str) else _is_integer(value))
+
+
+def _flag(value) -> bool:
+    return isinstance(value, bool)
+
+
+_COUNT = (_is_integer, "an integer >= 1")
+# What each field of OptimizationConfig accepts, and the words that say so: every field is checked
+# for its type and range at construction (the checks between fields follow them)
+FIELD_RULES = {
+    "name": (lambda value: isinstance(value, str), "a string"),
+    "precision": (_one_of((*PRECISIONS, "auto")), f"one of {PRECISIONS}, or 'auto' (the fastest this device computes "
+                  "natively: precision.choose_precision)"),
+    "k": _COUNT, "k_min": _COUNT, "k_max": _COUNT,
+    "adaptive": (_flag, "True or False"),
+    "k_rule": (_one_of(K_RULES), f"one of {K_RULES}"),
+    "sigma_target": (lambda value: value is None or (_is_number(value) and value > 0),
+                     "None (calibrated at the first significant estimate) or a finite number > 0"),
+    "noise_window": (_is_integer, "an integer >= 1 (optimizer steps pooled per noise estimate)"),
+    "schedule": (_one_of(SCHEDULES), f"one of {SCHEDULES}"),
+    "warmup_fraction": (lambda value: _is_number(value) and 0 <= value < 1, "a number in [0, 1)"),
+    "min_lr_ratio": (lambda value: _is_number(value) and 0 <= value <= 1, "a number in [0, 1]"),
+    "lr_scaling": (lambda value: value is None or _flag(value), "True, False, or None (on with adaptive k, else off)"),
+    "base_batch_size": (lambda value: value is None or _is_integer(value), "None or an integer >= 1"),
+    "clip_norm": (lambda value: value is None or (_is_number(value) and value > 0),
+                  "None or 0 (no clipping) or a finite number > 0 (the global L2 norm gradients are clipped to)"),
+    "checkpointing": (_is_segments,
+                      "None, 'sqrt' or an integer number of segments >= 1"),
+    "checkpoint_policy": (_one_of(CHECKPOINT_POLICIES), f"one of {CHECKPOINT_POLICIES}"),
+    "zero_stage": (_one_of(ZERO_STAGES), f"one of {ZERO_STAGES}"),
+    "compile": (_flag, "True or False"),
+    "compile_mode": (_one_of(COMPILE_MODES), f"one of {COMPILE_MODES}"),
+    "optimizer_impl": (_one_of(OPTIMIZER_IMPLS), f"one of {OPTIMIZER_IMPLS}"),
+    "memory_format": (_one_of(MEMORY_FORMATS), f"one of {MEMORY_FORMATS}"),
+    "tf32": (_flag, "True or False"),
+    "sdpa_backend": (_one_of(SDPA_BACKENDS), f"one of {SDPA_BACKENDS}"),
+    "expandable_segments": (_flag, "True or False"),
+    "initial_loss_scale": (lambda value: _is_number(value) and value > 0, "a finite number > 0"),
+    "loss_scale_growth_interval": _COUNT,
+    "max_nonfinite_steps": (_is_integer, "an integer >= 1 (consecutive inf/nan steps skipped in bf16/fp32 before the "
+                            "run stops)"),
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimizationConfig:
     """Which training optimizations are on, and their parameters.
@@ -143,81 +204,26 @@ class OptimizationConfig:
     max_nonfinite_steps: int = 3
 
     def __post_init__(self):
-        if self.precision not in (*PRECISIONS, "auto"):
-            _fail("precision", self.precision, f"one of {PRECISIONS}, or 'auto' (the fastest this device computes "
-                  "natively: precision.choose_precision)")
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-            _fail("k", self.k, "an integer >= 1")
-        if self.lr_scaling not in (None, True, False):
-            _fail("lr_scaling", self.lr_scaling, "True, False, or None (on with adaptive k, else off)")
-        for name in ("k_min", "k_max"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                _fail(name, value, "an integer >= 1")
+        if _is_number(self.clip_norm) and self.clip_norm == 0:
+            object.__setattr__(self, "clip_norm", None)  # scripts write 0 for "off": the same configuration
+        for field in dataclasses.fields(self):
+            accepts, allowed = FIELD_RULES[field.name]
+            if not accepts(getattr(self, field.name)):
+                _fail(field.name, getattr(self, field.name), allowed)
         if self.adaptive:
             if self.k_max < self.k_min:
                 _fail("k_max", self.k_max, f"an integer >= k_min ({self.k_min})")
             if not (self.k_min <= self.k <= self.k_max):
                 _fail("k", self.k, f"the starting k, within [k_min, k_max] = [{self.k_min}, {self.k_max}]")
-        if self.sigma_target is not None and not (
-                isinstance(self.sigma_target, (int, float)) and self.sigma_target > 0 and math.isfinite(self.sigma_target)):
-            _fail("sigma_target", self.sigma_target, "None (calibrated at the first significant estimate) or a finite number > 0")
-        if self.k_rule not in K_RULES:
-            _fail("k_rule", self.k_rule, f"one of {K_RULES}")
-        if not isinstance(self.noise_window, int) or isinstance(self.noise_window, bool) or self.noise_window < 1:
-            _fail("noise_window", self.noise_window, "an integer >= 1 (optimizer steps pooled per noise estimate)")
-        if self.schedule not in SCHEDULES:
-            _fail("schedule", self.schedule, f"one of {SCHEDULES}")
-        if not (0.0 <= self.warmup_fraction < 1.0):
-            _fail("warmup_fraction", self.warmup_fraction, "a number in [0, 1)")
-        if not (0.0 <= self.min_lr_ratio <= 1.0):
-            _fail("min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
-        if self.base_batch_size is not None and (not isinstance(self.base_batch_size, int) or self.base_batch_size < 1):
-            _fail("base_batch_size", self.base_batch_size, "None or an integer >= 1")
-        number = isinstance(self.clip_norm, (int, float)) and not isinstance(self.clip_norm, bool)
-        if number and self.clip_norm == 0:
-            object.__setattr__(self, "clip_norm", None)  # scripts write 0 for "off": the same configuration
-        elif self.clip_norm is not None and not (number and self.clip_norm > 0 and math.isfinite(self.clip_norm)):
-            _fail("clip_norm", self.clip_norm, "None or 0 (no clipping) or a finite number > 0 (the global L2 norm "
-                  "gradients are clipped to)")
-        cp = self.checkpointing
-        if not (cp is None or cp == "sqrt" or (isinstance(cp, int) and not isinstance(cp, bool) and cp >= 1)):
-            _fail("checkpointing", cp, "None, 'sqrt' or an integer number of segments >= 1")
-        if self.checkpoint_policy not in CHECKPOINT_POLICIES:
-            _fail("checkpoint_policy", self.checkpoint_policy, f"one of {CHECKPOINT_POLICIES}")
-        if self.checkpoint_policy != "full" and cp is None:
+        if self.checkpoint_policy != "full" and self.checkpointing is None:
             _fail("checkpoint_policy", self.checkpoint_policy, "'full' while checkpointing is None (set checkpointing "
                   "to 'sqrt' or a number of segments to checkpoint selectively)")
-        if not isinstance(self.compile, bool):
-            _fail("compile", self.compile, "True or False")
-        if self.compile_mode not in COMPILE_MODES:
-            _fail("compile_mode", self.compile_mode, f"one of {COMPILE_MODES}")
         if self.compile_mode != "default" and not self.compile:
             _fail("compile_mode", self.compile_mode, "'default' while compile is False (set compile=True to compile "
                   "in another mode)")
-        if not isinstance(self.tf32, bool):
-            _fail("tf32", self.tf32, "True or False")
-        if not isinstance(self.expandable_segments, bool):
-            _fail("expandable_segments", self.expandable_segments, "True or False")
-        if self.sdpa_backend not in SDPA_BACKENDS:
-            _fail("sdpa_backend", self.sdpa_backend, f"one of {SDPA_BACKENDS}")
         if self.sdpa_backend in ("flash", "cudnn") and self.precision == "fp32":
             _fail("sdpa_backend", self.sdpa_backend, "'auto', 'efficient' or 'math' with precision 'fp32' (flash and "
                   "cuDNN attention run fp16/bf16 only)")
-        if self.optimizer_impl not in OPTIMIZER_IMPLS:
-            _fail("optimizer_impl", self.optimizer_impl, f"one of {OPTIMIZER_IMPLS}")
-        if self.memory_format not in MEMORY_FORMATS:
-            _fail("memory_format", self.memory_format, f"one of {MEMORY_FORMATS}")
-        if self.zero_stage not in ZERO_STAGES:
-            _fail("zero_stage", self.zero_stage, f"one of {ZERO_STAGES}")
-        if not (self.initial_loss_scale > 0 and math.isfinite(self.initial_loss_scale)):
-            _fail("initial_loss_scale", self.initial_loss_scale, "a finite number > 0")
-        if not isinstance(self.loss_scale_growth_interval, int) or self.loss_scale_growth_interval < 1:
-            _fail("loss_scale_growth_interval", self.loss_scale_growth_interval, "an integer >= 1")
-        if (not isinstance(self.max_nonfinite_steps, int) or isinstance(self.max_nonfinite_steps, bool)
-                or self.max_nonfinite_steps < 1):
-            _fail("max_nonfinite_steps", self.max_nonfinite_steps,
-                  "an integer >= 1 (consecutive inf/nan steps skipped in bf16/fp32 before the run stops)")
 
     # ------------------------------------------------------------------ derived
     @property

@@ -20,16 +20,29 @@ with the same interface. Both record in `engine.zero_partitioning` what was part
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 from . import precision as mp
 from ._caller import warn_at_caller
+from ._errors import fail
 from .accumulation import GradientNoiseMonitor, NoiseEstimate, gather_noise_inputs, next_k
 from .config import OptimizationConfig
 from .schedule import clip_gradients, make_schedule, remember_base_lrs, set_lr
 
 ENGINE_STATE_FORMAT = "trainopt-engine-state/1"
+
+
+def item_count(num_items, default: int) -> float:
+    """A backward's `num_items` (`default` where None) as a float, or the ValueError naming it."""
+    value = float(num_items) if isinstance(num_items, torch.Tensor) else num_items
+    if value is None:
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):
+        fail("num_items", value, "a finite number > 0 (the items the loss is a mean over), a tensor of one, or None "
+             "(micro_batch_size)")
+    return float(value)
 
 
 class TrainingEngine:
@@ -110,6 +123,17 @@ class TrainingEngine:
         self._set_grad_sync()
 
     # ------------------------------------------------------------------ loop API
+    @property
+    def k(self) -> int:
+        """Micro-batches per optimizer step (adaptive accumulation sets it at each step boundary)."""
+        return self._k
+
+    @k.setter
+    def k(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            fail("k", value, "an integer >= 1 (micro-batches per optimizer step)")
+        self._k = value
+
     @property
     def is_accumulation_boundary(self) -> bool:
         """True when the next backward completes the effective batch."""
@@ -192,9 +216,7 @@ class TrainingEngine:
         if isinstance(num_items, torch.Tensor):
             items = num_items.detach().to(device=self.device, dtype=torch.float64).reshape(())
         else:
-            items = float(num_items if num_items is not None else self.micro_batch_size)
-            if not (items > 0 and math.isfinite(items)):
-                raise ValueError(f"num_items={num_items!r} is invalid: allowed a finite number > 0")
+            items = item_count(num_items, self.micro_batch_size)
         if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
                                         or num_samples < 1):
             raise ValueError(f"num_samples={num_samples!r} is invalid: allowed None (micro_batch_size) or an "

@@ -72,22 +72,49 @@ def _kernel_settings(tf32: bool, sdpa_backend: str):
         yield
 
 
+# torch's newer per-backend, per-operation fp32 precision flags (torch >= 2.9): ("cuda", "matmul")
+# is torch.backends.cuda.matmul.fp32_precision, ("cudnn", "conv") torch.backends.cudnn.conv's, ...
+FP32_PRECISION_FLAGS = (("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"),
+                        ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))
+
+
+def _fp32_precision_flags() -> dict[tuple[str, str], str]:
+    """The newer flags this torch has, by (backend, operation): {} before torch 2.9."""
+    flags = {}
+    for backend, op in FP32_PRECISION_FLAGS:
+        try:
+            flags[backend, op] = getattr(getattr(torch.backends, backend), op).fp32_precision
+        except AttributeError:
+            pass
+    return flags
+
+
 @contextlib.contextmanager
 def tf32_allowed():
-    """fp32 matmuls (cuBLAS) and convolutions (cuDNN) may run on TF32 tensor cores inside; what
-    was set before is put back on leaving. Through the settings that keep torch's older and newer
-    TF32 flags consistent (`torch.set_float32_matmul_precision`, `torch.backends.cudnn.allow_tf32`):
-    setting one of the newer `fp32_precision` flags alone makes reading the older ones an error.
-    The settings are process-wide, so autograd's backward thread sees them while the block runs."""
-    matmul_before = torch.get_float32_matmul_precision()
+    """fp32 matmuls (cuBLAS) and convolutions (cuDNN) may run on TF32 tensor cores inside, and on
+    leaving every flag is exactly what it was. Set through the settings that keep torch's older and
+    newer TF32 flags consistent (`torch.set_float32_matmul_precision`, `torch.backends.cudnn.allow_tf32`):
+    setting one of the newer `fp32_precision` flags alone makes reading the older ones an error
+    (torch.compile reads them). Put back through the newer flags where torch has them: "highest"
+    would leave cuBLAS's and oneDNN's matmul flags at 'ieee' where they were 'none'. The settings
+    are process-wide, so autograd's backward thread sees them while the block runs."""
+    newer_before = _fp32_precision_flags()
+    try:
+        matmul_before = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the caller set the newer flags apart: set cuBLAS's
+        matmul_before = None
     try:
         cudnn_before = torch.backends.cudnn.allow_tf32
-    except RuntimeError:  # the caller set conv and RNN apart (newer flags): left as they are
+    except RuntimeError:  # the caller set convolutions and RNNs apart: set both
         cudnn_before = None
     if matmul_before == "highest":
         torch.set_float32_matmul_precision("high")
+    elif matmul_before is None:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
     if cudnn_before is False:
         torch.backends.cudnn.allow_tf32 = True
+    elif cudnn_before is None:
+        torch.backends.cudnn.conv.fp32_precision = torch.backends.cudnn.rnn.fp32_precision = "tf32"
     try:
         yield
     finally:
@@ -95,6 +122,8 @@ def tf32_allowed():
             torch.set_float32_matmul_precision(matmul_before)
         if cudnn_before is False:
             torch.backends.cudnn.allow_tf32 = False
+        for (backend, op), value in newer_before.items():  # after the older ones, which set them too
+            setattr(getattr(getattr(torch.backends, backend), op), "fp32_precision", value)
 
 
 def choose_precision(device: torch.device | str) -> tuple[str, str]:

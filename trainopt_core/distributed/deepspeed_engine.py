@@ -45,7 +45,7 @@ import torch
 from .. import precision as mp
 from .._caller import warn_at_caller
 from ..config import OptimizationConfig
-from ..engine import TrainingEngine
+from ..engine import TrainingEngine, item_count
 from ..schedule import clip_gradients
 from .ds_config import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_config, zero_partitioning
 from .process_group import cleanup, find_free_port
@@ -184,7 +184,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     def k(self, value: int) -> None:
         if getattr(self, "_micro_index", 0) != 0:
             raise ValueError(f"k={value!r} set mid-way through an effective batch: allowed only at a boundary")
-        self._k = value
+        TrainingEngine.k.fset(self, value)  # checks it
         if hasattr(self, "ds_engine"):
             self.ds_engine.set_train_batch_size(self.micro_batch_size * value * self.ds_engine.dp_world_size)
 
@@ -199,9 +199,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self, loss: torch.Tensor, num_items: float | None = None, *, num_samples: int | None = None
     ) -> None:
         """Backward of one micro-batch through DeepSpeed; `loss` is the mean over `num_items` items."""
-        items = float(num_items if num_items is not None else self.micro_batch_size)
-        if not items > 0:
-            raise ValueError(f"num_items={num_items!r} is invalid: allowed a number > 0")
+        items = item_count(num_items, self.micro_batch_size)
         if not self._forward_seen:
             raise ValueError(
                 "backward() without a forward through engine.model: with backend='deepspeed' run the "
@@ -317,11 +315,12 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         """bf16/fp32 under DeepSpeed: its optimizers apply whatever gradient they hold (only its
         fp16 loss scaler skips), so a non-finite loss stops the run before the step reaches the
         weights -- DeepSpeed's weights and optimizer state stay finite for a checkpoint."""
-        raise mp.nonfinite_steps_error(
-            step=self.optimizer_steps + 1, grad_norm=math.nan, consecutive=1, allowed=0,
-            precision=self.config.precision,
-            backend="DeepSpeed: a non-finite loss in this step, stopped before its optimizer step; "
-                    "DeepSpeed cannot skip a bf16/fp32 step, so max_nonfinite_steps does not apply")
+        raise mp.NonFiniteTrainingError(
+            f"non-finite loss at optimizer step {self.optimizer_steps + 1} in {self.config.precision} (DeepSpeed "
+            f"ZeRO-{self.config.zero_stage}): stopped before its optimizer step, whatever its gradients hold, since "
+            "DeepSpeed applies every bf16/fp32 step it is given (only its fp16 loss scaler skips one); "
+            "OptimizationConfig.max_nonfinite_steps, the steps the torch engine may skip in a row, does not apply "
+            f"here. {mp.NON_FINITE_CAUSES}.")
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

@@ -21,7 +21,7 @@ same rounds: interleaving cancels a change in the machine's state only where it 
 configuration alike, so ratios move when the configurations' speeds changed by different amounts.
 
 Exit status 1 when a verdict flipped or a throughput or time ratio lies outside the other run's
-interval, else 0.
+interval, 2 when there was nothing to compare, else 0.
 """
 from __future__ import annotations
 
@@ -240,6 +240,10 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+    if not result["verdicts_compared"] and not result["timing_ratios_compared"]:
+        print(f"agreement: nothing compared: {args.first!r} and {args.second!r} share no table row with a verdict or a "
+              "throughput or time ratio (allowed: two report folders of the same profile's tables)", file=sys.stderr)
+        return 2
     return 0 if result["agree"] else 1
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from .session_floor import estimate, rerun_coverage
@@ -27,6 +28,10 @@ def main(argv=None) -> int:
                         help="with --check: count only the pairs of one session under FOLDER (repeatable) and one "
                         "not -- out of sample for a reproduction made after the floors")
     args = parser.parse_args(argv)
+    if args.check and args.out:
+        parser.error("--out is for the floors' estimate, not for --check (which prints its counts)")
+    if args.fresh and not args.check:
+        parser.error("--fresh is for --check (it picks the pairs counted)")
     paths = []
     for folder in args.reports:
         if not Path(folder).is_dir():
@@ -39,12 +44,24 @@ def main(argv=None) -> int:
         if args.fresh:
             paths += [p for folder in args.fresh for p in sorted(Path(folder).rglob("throughput__*.json"))
                       if p not in paths]
-        for what, counted in rerun_coverage(paths, fresh=args.fresh).items():
+        if not paths:
+            parser.error(f"no timing records (throughput__<task>.json) under {' '.join(args.reports + args.fresh)}: "
+                         "nothing to check (allowed: folders holding two or more sessions' timing records)")
+        coverage = rerun_coverage(paths, fresh=args.fresh)
+        for what, counted in coverage.items():
             pairs = max(counted["pairs"], 1)
             print(f"{what}: {counted['pairs']} ordered pairs of sessions; the other session's value inside the interval "
                   f"with the floor {counted['inside']} ({100 * counted['inside'] / pairs:.0f} %), one session's alone "
                   f"{counted['inside_one_session']} ({100 * counted['inside_one_session'] / pairs:.0f} %)")
+        if not any(counted["pairs"] for counted in coverage.values()):
+            print(f"floors --check: nothing to check: {len(paths)} timing record(s), but no configuration timed in two "
+                  "sessions of a machine kind with a floor" + (" (one of them under --fresh)" if args.fresh else ""),
+                  file=sys.stderr)
+            return 1
         return 0
+    if not paths:
+        parser.error(f"no timing records (throughput__<task>.json) under {' '.join(args.reports)}: nothing to estimate "
+                     "the floors from (allowed: folders holding two or more sessions' timing records)")
     result = {"method": "between-sitting SD of the mean log rate (method of moments), RMS over cells; "
                         "see trainopt_core/reporting/session_floor.py", "floors": estimate(paths)}
     text = json.dumps(result, indent=1)

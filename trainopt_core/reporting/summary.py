@@ -25,6 +25,7 @@ from .results import as_number, load_records, profile_dir, stored_throughput
 from .tables import change_cell, format_change
 from .verdicts import verdict_category
 from .._errors import fail as _fail
+from ..reproduction.profiles import PROFILES
 
 SYMBOLS = {"held": "✓", "not held": "✗", "inconclusive": "?", "not measured": "–"}
 PLUMBING = "plumbing check — not evidence"
@@ -156,13 +157,13 @@ def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: di
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports_dir", nargs="?", default="reports")
-    parser.add_argument("--profile", default="quick")
+    parser.add_argument("--profile", default="quick", choices=PROFILES)
     args = parser.parse_args(argv)
-    tables = Path(args.reports_dir) / args.profile / "tables"
+    reports_dir = Path(args.reports_dir).absolute()  # from here, not from notebooks/ as a notebook's path is
+    tables = reports_dir / args.profile / "tables"
     if not tables.is_dir():
         _fail("reports_dir", str(tables), "a reports folder holding <profile>/tables/ (run ./run_all.sh first)")
-    # a path on the command line is the shell's, not relative to notebooks/ (`results.resolve_reports_dir`)
-    print(profile_summary(Path(args.reports_dir).resolve(), args.profile), end="")
+    print(profile_summary(reports_dir, args.profile), end="")
     return 0
 
 

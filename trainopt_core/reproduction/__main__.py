@@ -10,12 +10,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record as record_errors
 
 from ..config import OptimizationConfig
 from .profiles import PROFILES, TASKS, table_configs
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why runs cannot write into `folder` (created where it is missing), or None where they can."""
+    path = Path(folder).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            return "it is a file, not a folder"
+        return None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        return f"{parent} is a file, not a folder"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"it cannot be created in {parent} (not writable)"
 
 
 def _parse(argv):
@@ -34,6 +49,12 @@ def _parse(argv):
     parser.add_argument("--rerun", action="store_true", help="run even if a complete record exists")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.seed < 0:
+        parser.error(f"--seed {args.seed} is invalid: allowed an integer >= 0")
+    for flag, folder in (("--out", args.out), ("--data-dir", args.data_dir)):
+        why = folder is not None and _unwritable(folder)
+        if why:
+            parser.error(f"{flag} {folder!r} is invalid: {why}; allowed a folder this user can create or write")
     if args.device is not None:
         import torch
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
+import urllib.parse
 from typing import Callable
 
 from .._errors import fail as _fail
@@ -27,6 +29,12 @@ from .._errors import fail as _fail
 EXECUTORS = ("local", "ray")
 MAX_RETRIES = 3  # Ray's retries of a run whose worker died (a run's own errors are not retried)
 INSTALL_HINT = "pip install 'trainopt[cluster]' (Ray)"
+# How long a cluster's address may take to accept a TCP connection: ray.init() itself waits on an
+# address nobody answers at for many minutes, naming nothing
+CONNECT_TIMEOUT_S = 5.0
+RAY_ADDRESSES = ("'auto' (the cluster `ray start` runs on this machine), HOST:PORT of a running cluster's head (its "
+                 "GCS port: 6379 unless `ray start --port` chose another) or ray://HOST:PORT (Ray Client) that this "
+                 "machine reaches, or empty: a cluster of this machine, started here")
 
 
 def check_executor(executor: str) -> str:
@@ -43,6 +51,72 @@ def ray_module():
         raise ModuleNotFoundError(f"executor='ray' needs Ray, which is not installed: {INSTALL_HINT}",
                                   name="ray") from missing
     return ray
+
+
+def _host_and_port(address: str) -> tuple[str, int] | None:
+    """HOST:PORT (or ray://HOST:PORT, [IPv6]:PORT) split, or None where `address` is not one."""
+    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    try:
+        parts = urllib.parse.urlsplit("//" + rest)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host or port is None or parts.path or parts.query or parts.fragment or parts.username:
+        return None
+    return host, port
+
+
+def _within(seconds: float, attempt: Callable[[], None]) -> str | None:
+    """Why `attempt` raised, or that it did not return within `seconds`; None where it returned.
+    In a daemon thread: a name look-up or a client that blocks is left behind, not waited for."""
+    outcome: list[str | None] = []
+
+    def run():
+        try:
+            attempt()
+            outcome.append(None)
+        except Exception as error:  # whatever the client raises says why
+            outcome.append(f"{type(error).__name__}: {str(error).strip()[:200]}")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return outcome[0] if outcome else f"no answer within {seconds:g} s"
+
+
+def _gcs_client():
+    """Ray's own GCS client class (internal to Ray), or None where this release lacks it. A GCS
+    that answers it with the cluster's id is there; a TCP connection alone proves little: a proxy or
+    a firewall may accept it, and ray.init() then waits for ever."""
+    try:
+        from ray._raylet import GcsClient
+    except ImportError:
+        return None
+    return GcsClient
+
+
+def check_ray_address(address: str | None, argument: str = "ray_address",
+                      timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """ValueError naming `argument` where `address` (or, without one, the RAY_ADDRESS environment
+    variable ray.init() reads) is no cluster address, where nothing accepts a TCP connection at it
+    within `timeout_s`, or where no Ray GCS answers there within 2 x `timeout_s` (a Ray Client
+    address, ray://, is checked for the connection only)."""
+    if not address and os.environ.get("RAY_ADDRESS"):
+        address, argument = os.environ["RAY_ADDRESS"], "RAY_ADDRESS (the environment's)"
+    if not address or address == "local" or (address == "auto" and not os.environ.get("RAY_ADDRESS")):
+        return  # a cluster started here, or Ray's own look-up of this machine's, which fails at once
+    if address == "auto":
+        address, argument = os.environ["RAY_ADDRESS"], "RAY_ADDRESS (the environment's, for 'auto')"
+    if not isinstance(address, str) or _host_and_port(address) is None:
+        _fail(argument, address, RAY_ADDRESSES)
+    host, port = _host_and_port(address)
+    why = _within(timeout_s, lambda: socket.create_connection((host, port), timeout=timeout_s).close())
+    client = None if why is not None or address.startswith("ray://") else _gcs_client()
+    if client is not None:
+        why = _within(2 * timeout_s, lambda: client(address=f"{host}:{port}"))
+        why = why and f"a connection opened, but no Ray GCS answered ({why})"
+    if why is not None:
+        _fail(argument, address, f"{RAY_ADDRESSES}; at {host}:{port}: {why}")
 
 
 def _run_one(task: str, config: str, seed: int, profile: str, out_dir: str, data_policy: str, threads: int,
@@ -85,6 +159,7 @@ def run_on_ray(grid: list[tuple[str, str, int]], *, profile: str, out_dir, data_
     ray = ray_module()
     from ray.util.queue import Empty, Queue
     if not ray.is_initialized():
+        check_ray_address(address)
         ray.init(address=address or None, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     node_cpus = max((int(n["Resources"].get("CPU", 1)) for n in ray.nodes() if n.get("Alive")), default=1)
     cpus, gpus = resources_per_run(ray.cluster_resources().get("GPU", 0), node_cpus, cpus_per_run)
