@@ -25,6 +25,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..distributed import run_processes
+from .progress import detail as progress_detail
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,9 @@ def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("
     bar = tqdm(total=rounds * len(world_sizes), desc=f"{task} scaling launches", unit="launch",
                disable=not progress, leave=False)
     for round_index in range(rounds):
-        for n in world_sizes:
+        for index, n in enumerate(world_sizes):
+            launch = round_index * len(world_sizes) + index + 1  # the heartbeat's detail (reproduction.progress)
+            progress_detail(f"scaling launch {launch} of {rounds * len(world_sizes)} ({n} process(es))")
             results = run_processes(_scaling_worker, n, args=(task, profile, configs, windows, steps_per_window,
                                                               warmup_steps, seed, data_policy,
                                                               round_index == 0 and n == max(world_sizes)),
