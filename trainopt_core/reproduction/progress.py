@@ -76,10 +76,12 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="trainopt-heartbeat", daemon=True)
 
     def check(self, now: float) -> bool:
-        if not _state.steps or now - _state.last_said < self.interval_s:
-            return False
-        say(heartbeat_line(now))
-        return True
+        with _state.lock:  # a step may end meanwhile
+            due = bool(_state.steps) and now - _state.last_said >= self.interval_s
+            line = heartbeat_line(now) if due else None
+        if line is not None:
+            say(line)
+        return line is not None
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
