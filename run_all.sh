@@ -145,7 +145,15 @@ PY
     [ -z "$refusal" ] || fail_usage "$refusal"
 fi
 
-out_dir="$reports_root/$profile/notebooks"
+# papermill keeps the output path and the parameters in each executed notebook: inside the
+# checkout they name the reports folder relatively (reports_dir from notebooks/), so an executed
+# notebook carries no absolute path of this machine
+case "$reports_root" in
+    "$root") reports_shown=.; reports_param=.. ;;
+    "$root"/*) reports_shown=${reports_root#"$root"/}; reports_param=../$reports_shown ;;
+    *) reports_shown=$reports_root; reports_param=$reports_root ;;
+esac
+out_dir="$reports_shown/$profile/notebooks"
 mkdir -p "$out_dir"
 echo "[run_all] profile $profile, $seeds seed(s), tasks $tasks, data policy $data_policy, sections ${selected[*]}, executor $executor${ray_address:+ at $ray_address}"
 failures=()
@@ -168,7 +176,7 @@ for section in "${selected[@]}"; do
     follower=$!
     if python -m papermill "notebooks/$notebook" "$out_dir/$notebook" \
             -p profile "$profile" -p seeds "$seeds" -p tasks "$tasks" \
-            -p reports_dir "$reports_root" -p data_policy "$data_policy" \
+            -p reports_dir "$reports_param" -p data_policy "$data_policy" \
             -p executor "$executor" -p ray_address "$ray_address" \
             --cwd notebooks -k python3; then
         stop_following

@@ -16,7 +16,7 @@ Prints a table (and writes it with `--out`): scenarios, runs that survived (fina
 to the uninterrupted one; for the stopping case, the failure recorded), records lost or
 corrupted (the bar: 0).
 
-    python benchmarks/fault_injection.py [--tasks cifar10,wikitext2] [--out reports/fault_injection.md]
+    python benchmarks/fault_injection.py [--tasks cifar10,wikitext2] [--out benchmarks/results/fault_injection.md]
 """
 from __future__ import annotations
 

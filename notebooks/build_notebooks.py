@@ -31,16 +31,15 @@ from IPython.display import display
 from trainopt_core import reporting
 from trainopt_core.reporting import figures, tables
 from trainopt_core.reporting.notebook import (
-    TASK_LABELS, configuration_table, paper_claims_frame, parse_tasks, publish_figure, publish_table,
-    records_of, report_paths, run_grid, show_markdown, show_table, table_name, timed_grid)
-from trainopt_core.reproduction.data.sources import checkout_relative
+    TASK_LABELS, configuration_table, heartbeat_in_every_cell, paper_claims_frame, parse_tasks, publish_figure,
+    publish_table, records_of, report_paths, run_grid, show_markdown, show_table, table_name, timed_grid)
 
 # a warning in one line, without the path of the file that raised it
 warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\\n"
+heartbeat_in_every_cell()  # a long cell says what it runs at least every 30 s
 paths = report_paths(reports_dir, profile)
 tasks = parse_tasks(tasks)
-print(f"profile {profile!r}, {seeds} seed(s), tasks {tasks}; "
-      f"run records in {checkout_relative(str(paths.runs))}")'''
+print(f"profile {profile!r}, {seeds} seed(s), tasks {tasks}; run records in {paths.shown(paths.runs)}")'''
 
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}

@@ -1,10 +1,12 @@
 """The notebooks as a reader meets them: JupyterLab in a real browser (Chromium via Playwright).
 
-Starts JupyterLab on 127.0.0.1 over copies of notebook 01 and the explorer (parameters set to the
-smoke profile, a stand-in and a temporary reports folder), opens each, checks that opening does
-not mark it modified, runs all its cells from the Run menu, and checks that no cell failed and
-every figure is an image. In the explorer it changes two controls (precision, k) and checks that
-the panel redrew each time. Screenshots go to ``reports/screenshots/`` (or
+Starts JupyterLab on 127.0.0.1 as the README says, with `scripts/explore.sh`, in a temporary
+checkout whose notebooks have their parameters set to the smoke profile, a stand-in and a
+temporary reports folder. Opens notebook 01 and the explorer from the working copies in lab/,
+checks that opening does not mark them modified, runs all their cells from the Run menu, and
+checks that no cell failed and every figure is an image. In the explorer it changes two controls
+(precision, k) and checks that the panel redrew each time, then saves it: the saved copy is
+lab/'s and the checkout's notebooks/ is as it was. Screenshots go to ``reports/screenshots/`` (or
 ``$TRAINOPT_SCREENSHOTS``). Stops what it started.
 
 Needs a Chromium binary (Debian: ``apt-get install chromium``) and the Playwright client (the
@@ -63,18 +65,23 @@ def _copy_notebook(name: str, folder: Path, reports: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A JupyterLab server on 127.0.0.1 over a folder with the notebook copies; (url, token, folder)."""
-    folder = tmp_path_factory.mktemp("lab")
-    reports = folder / "reports"
+    """`scripts/explore.sh` in a temporary checkout (the script and the notebooks), serving on
+    127.0.0.1; (url, token, its lab/ folder, the checkout)."""
+    checkout = tmp_path_factory.mktemp("checkout")
+    reports = checkout / "reports"
+    (checkout / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "explore.sh", checkout / "scripts")
+    (checkout / "notebooks").mkdir()
     for name in ("01_main_results.ipynb", "explorer.ipynb"):
-        _copy_notebook(name, folder, reports)
+        _copy_notebook(name, checkout / "notebooks", reports)
+    folder = checkout / "lab"
     # the runs the explorer reads (notebook 01 reuses them), so either test can run alone
     from trainopt_core.reproduction import runner
 
     for config in ("baseline", "optimized", "auto"):  # auto: its plan, which the explorer re-chooses from
         runner.run("wikitext2", config, profile="smoke", seed=0, out_dir=reports / "smoke" / "runs",
                    data_policy="standin", progress=False)
-    settings = folder / "user-settings" / "@jupyterlab" / "notebook-extension"
+    settings = checkout / "user-settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     # every cell in the page (no virtual scrolling), so each output can be checked; no news pop-up
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
@@ -82,12 +89,13 @@ def lab(tmp_path_factory):
     apputils.mkdir()
     (apputils / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
     port, token = find_free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(folder / "user-settings"))
+    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(checkout / "user-settings"),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # this environment's jupyter
     env.pop("MPLBACKEND", None)  # the kernel's own default, as a user has it
-    log = folder / "jupyterlab.log"
+    log = checkout / "jupyterlab.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={folder}",
+        ["bash", str(checkout / "scripts" / "explore.sh"), "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
          *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -101,7 +109,7 @@ def lab(tmp_path_factory):
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"JupyterLab did not start: {log.read_text()[-3000:]}")
                 time.sleep(0.5)
-        yield url, token, folder
+        yield url, token, folder, checkout
     finally:
         server.terminate()
         try:
@@ -121,7 +129,7 @@ def browser():
 
 
 def _open(browser, lab, name: str):
-    url, token, _ = lab
+    url, token, _, _ = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(120_000)
     page.goto(f"{url}/lab/tree/{name}?reset&token={token}")  # reset: only this notebook open
@@ -218,4 +226,16 @@ def test_explorer_panel_redraws_when_two_controls_change(lab, browser):
     page.wait_for_function("([el, old]) => el.textContent !== old && el.textContent.includes('a memory budget of')",
                            arg=[replan.element_handle(), unbudgeted])
     _shot(page, "explorer_4_replanned_with_a_budget")
+    # saved (as JupyterLab's autosave does every two minutes): into lab/, never into notebooks/
+    _, _, folder, checkout = lab
+    page.locator(".jp-Notebook").first.click()
+    page.keyboard.press("Control+s")
+    page.wait_for_function("() => !document.querySelector('.lm-TabBar-tab.jp-mod-dirty')")
+    saved = nbformat.read(folder / "explorer.ipynb", as_version=4)
+    assert any(c.get("outputs") for c in saved.cells if c.cell_type == "code"), "the save did not reach lab/"
+    as_written = checkout / "as_written"
+    as_written.mkdir()
+    for source in (checkout / "notebooks").glob("*.ipynb"):
+        expected = _copy_notebook(source.name, as_written, checkout / "reports").read_bytes()
+        assert source.read_bytes() == expected, f"notebooks/{source.name} changed while exploring"
     page.close()

@@ -198,3 +198,62 @@ def test_bootstrap_stops_at_once_when_a_new_environment_has_no_room(tmp_path):
     # (as run_tests.sh sources it, under set -e) and no install was tried, so no fallback ran
     assert "pinned releases" not in result.stderr and "torch install failed" not in result.stderr
     assert not list((checkout / ".venv").glob("lib/python*/site-packages/torch"))
+
+
+# ------------------------------------------------------------------ what the tree shows a user
+def _tracked(folder: str) -> list[Path]:
+    """The files under `folder` git tracks (every file there outside a git checkout)."""
+    listed = subprocess.run(["git", "ls-files", "-z", folder], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout:
+        return [REPO / name for name in listed.stdout.split("\0") if name and (REPO / name).exists()]
+    return [p for p in (REPO / folder).rglob("*") if p.is_file()]
+
+
+def _user_docs() -> str:
+    return "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+
+
+def test_every_file_in_scripts_is_a_command_the_docs_give_a_user():
+    """scripts/ holds the commands a user runs; a one-off probe lives beside its results in
+    benchmarks/probes/ (or goes once its finding is in the docs)."""
+    docs = _user_docs()
+    unnamed = [p.name for p in _tracked("scripts") if f"scripts/{p.name}" not in docs]
+    assert not unnamed, f"scripts/ files no README or docs/ page names as a command: {unnamed} (a probe goes to benchmarks/probes/<probe>/)"
+
+
+def test_every_script_or_benchmark_the_docs_name_exists():
+    names = set(re.findall(r"\b((?:scripts|benchmarks)/[\w./-]+\.(?:py|sh))\b",
+                           _user_docs() + "".join(p.read_text() for p in _tracked("benchmarks") if p.suffix == ".md")))
+    missing = sorted(name for name in names if not (REPO / name).is_file())
+    assert not missing, f"named in the docs but not in the tree: {missing}"
+
+
+def test_nothing_under_reports_is_code():
+    code = [p.relative_to(REPO).as_posix() for p in _tracked("reports")
+            if p.suffix in (".py", ".sh", ".bash", ".js") or os.access(p, os.X_OK)]
+    assert not code, f"code under reports/ (a probe lives in benchmarks/probes/, a command in scripts/): {code}"
+
+
+def test_reports_hold_results_a_reader_opens_not_archives():
+    """reports/<profile>/ holds the folders the notebooks write; each reports/gpu/<gpu>/ its README
+    and its campaigns. Reruns and probes no table reads live in benchmarks/results/ and
+    benchmarks/probes/."""
+    reports = REPO / "reports"
+    loose = [p.relative_to(REPO).as_posix() for profile in reports.iterdir() if profile.is_dir()
+             and profile.name not in ("gpu", "other_machines", "screenshots") for p in profile.iterdir()
+             if not p.is_dir() or p.name.startswith(("rerun", "probe"))]
+    assert not loose, f"archives in a profile's folder: {loose} (benchmarks/results/)"
+    for gpu in (reports / "gpu").iterdir() if (reports / "gpu").is_dir() else []:
+        extra = [p.name for p in gpu.iterdir() if p.name != "README.md" and not (p.is_dir() and p.name.startswith("campaign"))]
+        assert not extra, f"reports/gpu/{gpu.name}/ holds more than its README and campaigns: {extra}"
+
+
+def test_every_probe_lives_beside_what_it_produced_with_a_readme():
+    probes = REPO / "benchmarks" / "probes"
+    index = (probes / "README.md").read_text()
+    for probe in sorted(p for p in probes.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        scripts = [p.name for p in probe.glob("*.py")]
+        readme = probe / "README.md"
+        assert scripts and readme.is_file(), f"benchmarks/probes/{probe.name}/ needs its script and a README"
+        assert all(f"benchmarks/probes/{probe.name}/{s}" in readme.read_text() for s in scripts), probe.name
+        assert f"({probe.name}/README.md)" in index, f"benchmarks/probes/README.md does not list {probe.name}"

@@ -283,7 +283,8 @@ def test_windows_needed_for_rerun_agreement_follows_the_normal_model():
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("timing_noise", Path(__file__).parents[1] / "scripts" / "timing_noise.py")
+    probe = Path(__file__).parents[1] / "benchmarks" / "probes" / "timing_noise" / "timing_noise.py"
+    spec = importlib.util.spec_from_file_location("timing_noise", probe)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     needed = module.windows_needed(0.113, tolerance=0.05, ratios=24, probability=0.95)

@@ -243,7 +243,7 @@ def candidate_of(row: dict) -> Candidate:
     return Candidate(**{f.name: row.get(f.name, f.default) for f in dataclasses.fields(Candidate)})
 
 
-# what the allocator's expandable segments did on a GPU (scripts/expandable_probe.py)
+# what the allocator's expandable segments did on a GPU (benchmarks/probes/expandable_segments/)
 EXPANDABLE_MEASURED = ("on an H200 the process reserved up to 61 % more than its tensors' peak with the default "
                        "allocator, 3-8 % more with expandable segments (reports/gpu/nvidia-h200/)")
 

@@ -358,6 +358,7 @@ def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
     `explore` table and, for matching runs, quality vs training time. Renders headless too."""
     import ipywidgets as widgets
 
+    from .notebook import panel
     tasks = list(tasks)
     optimized = OptimizationConfig.optimized()
     full = dict(style={"description_width": "initial"})  # labels shown whole, not cut to "compone…"
@@ -396,4 +397,4 @@ def explorer_app(records: list[dict], tasks=("cifar10", "wikitext2")):
                                                    precision=precision, segments=segments, sqrt_segments=sqrt_segments))
     controls = widgets.HBox([widgets.VBox([task, components]), widgets.VBox([k, adaptive, precision]),
                              widgets.VBox([segments, sqrt_segments])])
-    return widgets.VBox([controls, output])
+    return panel([controls, output], "The explorer's panel; its default view is below")

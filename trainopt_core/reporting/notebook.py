@@ -17,8 +17,10 @@ import pandas as pd
 
 from ..config import OptimizationConfig
 from ..reproduction import autoplan
+from ..reproduction.data.sources import CHECKOUT
 from ..reproduction.executor import check_executor, run_on_ray
 from ..reproduction.profiles import PROFILES, TASKS, table_configs
+from ..reproduction.progress import minutes, say, step
 from ..reproduction.runner import run
 from ..reproduction.throughput import measure_throughput
 from .figures import figure_image, save_figure
@@ -82,6 +84,15 @@ class ReportPaths:
         """The `auto` configuration's plans (reproduction.autoplan), one per task."""
         return autoplan.plans_dir_for(self.runs)
 
+    def shown(self, path: str | os.PathLike) -> str:
+        """`path` as a notebook prints it: relative to the checkout (``reports/quick/runs``) when
+        the reports are in it, else to the reports folder (``<reports_dir>/quick/runs``), so an
+        executed notebook carries no absolute path of the machine that made it."""
+        path = Path(path).resolve()
+        if path.is_relative_to(CHECKOUT) and (CHECKOUT / "pyproject.toml").is_file():
+            return path.relative_to(CHECKOUT).as_posix()
+        return "<reports_dir>/" + path.relative_to(self.root.resolve()).as_posix()
+
 
 def report_paths(reports_dir: str | os.PathLike, profile: str) -> ReportPaths:
     """The folders of `profile` under `reports_dir` (relative paths: see
@@ -113,20 +124,7 @@ def parse_seeds(seeds) -> list[int]:
     return list(range(seeds))
 
 
-PROGRESS_LOG = "TRAINOPT_PROGRESS_LOG"  # a file ./run_all.sh shows on the terminal while a notebook runs
-
-
-def progress(message: str) -> None:
-    """One progress line, appended to the file named by $TRAINOPT_PROGRESS_LOG (./run_all.sh
-    follows it on the terminal: a notebook's own output reaches the terminal only at its end)."""
-    path = os.environ.get(PROGRESS_LOG)
-    if path:
-        with open(path, "a") as handle:
-            handle.write(f"  {message}\n")
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+progress = say  # one progress line (reproduction.progress): the cell's output and ./run_all.sh's terminal
 
 
 def _record_files(folder) -> dict[str, int]:
@@ -137,25 +135,23 @@ def _record_files(folder) -> dict[str, int]:
 
 def _run_line(task: str, config: str, seed: int, record: dict) -> str:
     m = record["metrics"]
-    return (f"{task:9s} {config:24s} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
+    return (f"{task} {config} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
             f"final {m['quality_name']} {m['final_quality']:.4g}")
 
 
 def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str = "auto", executor: str = "local",
              ray_address: str | None = None, **options) -> list[dict]:
     """`runner.run` for every task x configuration x seed (a finished record is reused, not
-    re-run); prints one line per run, says on the progress log (`progress`) which run of how
-    many, whether it was trained or reused, the time so far and the time left at the pace of the
-    runs trained so far, and returns the records. `executor="ray"`: the runs are Ray tasks
-    (`reproduction.executor`), on the cluster at `ray_address` or on one started here."""
+    re-run), and returns the records. Says one progress line per run (which of how many, trained
+    or reused, the time so far and the time left at the pace of the runs trained so far), and
+    while a run trains or plans, a heartbeat line at least every `progress.HEARTBEAT_S` seconds.
+    `executor="ray"`: the runs are Ray tasks (`reproduction.executor`), on the cluster at
+    `ray_address` or on one started here."""
     grid = [(task, config, seed) for task in parse_tasks(tasks) for config in configs for seed in parse_seeds(seeds)]
     if check_executor(executor) == "ray":
-        def report(line: str) -> None:
-            print(line)
-            progress(line)
-
-        records = run_on_ray(grid, profile=profile, out_dir=out_dir, data_policy=data_policy,
-                             address=ray_address or None, options=options, report=report)
+        with step(f"{len(grid)} runs on Ray"):
+            records = run_on_ray(grid, profile=profile, out_dir=out_dir, data_policy=data_policy,
+                                 address=ray_address or None, options=options, report=say)
         for (task, config, seed), record in zip(grid, records):
             print(_run_line(task, config, seed, record))
         return records
@@ -165,9 +161,9 @@ def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str =
         start = time.perf_counter()
         made_after = datetime.now(timezone.utc).isoformat(timespec="seconds")
         before = _record_files(out_dir)
-        progress(f"run {index}/{len(grid)}: {task} {config} seed {seed} ...")
-        record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy,
-                     progress=False, **options)
+        with step(f"run {index}/{len(grid)}: {task} {config} seed {seed}"):
+            record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy,
+                         progress=False, **options)
         seconds = time.perf_counter() - start
         # reused: no record written (a record made in the same second as this run began has the
         # same date_utc), or one copied from a twin made earlier
@@ -176,11 +172,10 @@ def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str =
         if not reused:
             trained_s, trained = trained_s + seconds, trained + 1
         left = len(grid) - index
-        eta = f", about {_minutes(left * trained_s / trained)} left" if trained and left else ""
-        progress(f"run {index}/{len(grid)}: {task} {config} seed {seed}: "
-                 + ("reused (a finished record made under the same conditions)" if reused else
-                    f"trained in {_minutes(seconds)}") + f"; {_minutes(time.perf_counter() - started)} so far{eta}")
-        print(_run_line(task, config, seed, record) + f", {seconds:.1f} s" + (" (reused)" if reused else ""))
+        eta = f", about {minutes(left * trained_s / trained)} left" if trained and left else ""
+        say(f"run {index}/{len(grid)}: {_run_line(task, config, seed, record)}; "
+            + ("reused (a finished record made under the same conditions)" if reused else
+               f"trained in {minutes(seconds)}") + f"; {minutes(time.perf_counter() - started)} so far{eta}")
         records.append(record)
     return records
 
@@ -196,14 +191,15 @@ def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_
     timings = []
     for task in parse_tasks(tasks):
         start = time.perf_counter()
-        progress(f"timing {task}: the table's configurations in interleaved windows ...")
-        timing = measure_throughput(task, list(dict.fromkeys([*TABLE_CONFIGS, *configs])), profile=profile,
-                                    seeds=len(parse_seeds(seeds)), out_dir=paths.timing, data_policy=data_policy, progress=False, **timing_options)
+        say(f"timing {task}: the table's configurations in interleaved windows ...")
+        with step(f"timing {task}"):
+            timing = measure_throughput(task, list(dict.fromkeys([*TABLE_CONFIGS, *configs])), profile=profile,
+                                        seeds=len(parse_seeds(seeds)), out_dir=paths.timing, data_policy=data_policy,
+                                        progress=False, **timing_options)
         base = timing["results"]["baseline"]["summary"]
-        print(f"{task:9s} throughput: {len(timing['configs'])} configurations x {timing['windows']} interleaved "
-              f"windows; baseline {base['mean']:.4g} {timing['results']['baseline']['item_unit']} "
-              f"(range {base['min']:.4g}-{base['max']:.4g}), {time.perf_counter() - start:.1f} s")
-        progress(f"timing {task}: done in {_minutes(time.perf_counter() - start)}")
+        say(f"timing {task}: {len(timing['configs'])} configurations x {timing['windows']} interleaved windows; "
+            f"baseline {base['mean']:.4g} {timing['results']['baseline']['item_unit']} "
+            f"(range {base['min']:.4g}-{base['max']:.4g}), {minutes(time.perf_counter() - start)}")
         timings.append(timing)
     return with_throughput(records, timings)
 
@@ -273,6 +269,48 @@ def paper_claims_frame(table: str) -> pd.DataFrame:
             row["optimized vs baseline"] = f"{100 * values['relative']:+.1f} %"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def heartbeat_in_every_cell() -> None:
+    """From the next cell on, a cell that runs longer than `progress.HEARTBEAT_S` seconds says so
+    at least that often (in an IPython kernel; elsewhere nothing changes). The steps it runs
+    (`run_grid`'s runs, planning, timing) name themselves in those lines."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or id(shell) in _HEARTBEAT_SHELLS:
+        return
+    running = []
+
+    def cell_started(*_):
+        running.append(step(""))
+        running[-1].__enter__()
+
+    def cell_ended(*_):
+        while running:
+            running.pop().__exit__(None, None, None)
+
+    shell.events.register("pre_run_cell", cell_started)
+    shell.events.register("post_run_cell", cell_ended)
+    _HEARTBEAT_SHELLS.add(id(shell))
+
+
+_HEARTBEAT_SHELLS: set[int] = set()
+
+
+def panel(children, what: str):
+    """An ipywidgets VBox of `children` whose plain-text form says `what` it is (under 50
+    characters) and that it needs a running kernel: a saved notebook shows that text where no
+    kernel runs the panel (a repository viewer), instead of ``VBox(children=...``."""
+    import ipywidgets as widgets
+
+    class Panel(widgets.VBox):
+        def __repr__(self) -> str:
+            return f"[{what} (needs a live kernel: run this notebook in JupyterLab)]"
+
+    return Panel(children)
 
 
 def show_table(frame: pd.DataFrame) -> None:

@@ -78,7 +78,7 @@ def plan_app(plans: dict[str, Plan]):
 
     from .figures import figure_image
     from .index import markdown_table
-    from .notebook import show_markdown
+    from .notebook import panel, show_markdown
 
     if not plans:
         return widgets.HTML("No plans yet: run notebook 1 (its <code>auto</code> runs plan on this machine).")
@@ -104,7 +104,7 @@ def plan_app(plans: dict[str, Plan]):
     output = widgets.interactive_output(show, dict(task=task, budget=budget, w_time=w_time, w_memory=w_memory,
                                                    w_energy=w_energy))
     controls = widgets.HBox([widgets.VBox([task, budget]), widgets.VBox([w_time, w_memory, w_energy])])
-    return widgets.VBox([controls, output])
+    return panel([controls, output], "The re-plan panel")
 
 
 __all__ = ["format_plan_table", "load_plans", "plan_app", "plan_frame", "rechoose"]

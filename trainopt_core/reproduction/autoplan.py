@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from .. import measure
 from ..config import OptimizationConfig
 from ..planner import Plan, plan
 from .profiles import TaskProfile
+from .progress import minutes, prints_as_progress, say, step
 from .records import RECORD_SCHEMA, condition_differences, load_record, run_conditions, write_record
 
 AUTO = "auto"
@@ -72,9 +74,11 @@ def plan_task(bundle, prof: TaskProfile, device: torch.device, *, progress: bool
 
 
 def planned_record(task: str, prof: TaskProfile, device: torch.device, *, plans_dir: str | os.PathLike,
-                   data_policy: str = "auto", data_dir=None, rerun: bool = False, progress: bool = False) -> dict:
+                   data_policy: str = "auto", data_dir=None, rerun: bool = False, progress: bool = True) -> dict:
     """The plan record for `task` on this machine: reused when made under the same conditions,
-    else measured (under a minute on a 2-core CPU for the quick models) and written."""
+    else measured (minutes on a 2-core CPU for the quick models) and written. `progress`: plan()'s
+    stage lines, said as progress lines (`reproduction.progress`); planning says when it starts
+    and ends, and a heartbeat at least every `progress.HEARTBEAT_S` seconds either way."""
     from .tasks import build_task
 
     torch.manual_seed(0)
@@ -84,7 +88,11 @@ def planned_record(task: str, prof: TaskProfile, device: torch.device, *, plans_
     existing = None if rerun else load_plan_record(plans_dir, task)
     if existing is not None and not condition_differences(existing, conditions):
         return existing
-    result = plan_task(bundle, prof, device, progress=progress)
+    start = time.perf_counter()
+    say(f"planning {task} for `auto` on this machine (kept in {plan_path('plans', task).as_posix()}) ...")
+    with step(f"planning {task}"), prints_as_progress():
+        result = plan_task(bundle, prof, device, progress=progress)
+    say(f"planning {task}: chose {result.chosen['candidate']} in {minutes(time.perf_counter() - start)}")
     record = dict(schema=RECORD_SCHEMA, status="complete", kind=PLAN_KIND, task=task, profile=prof.profile,
                   conditions=conditions, data_source=bundle.data_source, model_name=bundle.model_name,
                   config=auto_from_plan(result.config).to_dict(), plan=result.to_dict(), explanation=result.explain(),

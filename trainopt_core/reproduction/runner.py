@@ -34,7 +34,7 @@ from ..compose import prepare
 from ..config import OptimizationConfig
 from .. import precision as mp
 from ..precision import NonFiniteTrainingError
-from . import autoplan, resume, twins
+from . import autoplan, progress, resume, twins
 from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
 from .records import (RECORD_SCHEMA, computation_hash, condition_differences, load_record, quality_hash, record_path,
                       run_conditions, write_record)
@@ -219,6 +219,7 @@ def run(
             steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss,
                               **step_record_fields(engine)))
             bar.update(steps[-1]["effective_batch_size"])
+            progress.detail(f"{cfg.name}: {engine.samples_consumed:,} of {total_samples:,} samples trained")
             # Not before the step whose memory is broken down has run: resumed in a fresh process,
             # that step would be the process's first, and the record's memory must not depend on
             # where the run was killed (on a CPU it no longer does, DDP's buckets included: docs/verdicts.md).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..distributed import run_processes
+from .progress import detail as progress_detail
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,15 @@ def _scaling_worker(task: str, profile: str, configs: list[str], windows: int, s
     """One rank: every configuration built side by side, its DDP steps timed in interleaved
     windows (`measure.interleaved_windows`); returns this rank's items/s per window."""
     from .. import measure
+    from .data.sources import StandinDataWarning
     from .profiles import get_profile
     from .runner import build_engine, one_optimizer_step, resolve_config
     from .tasks import build_task
+
+    # a launch's processes print into the notebook that started them: its stand-in notice was said
+    # there already (the rows name the data), and a warning goes in one line, without a file path
+    warnings.filterwarnings("ignore", category=StandinDataWarning)
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -174,7 +182,9 @@ def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("
     bar = tqdm(total=rounds * len(world_sizes), desc=f"{task} scaling launches", unit="launch",
                disable=not progress, leave=False)
     for round_index in range(rounds):
-        for n in world_sizes:
+        for index, n in enumerate(world_sizes):
+            launch = round_index * len(world_sizes) + index + 1  # the heartbeat's detail (reproduction.progress)
+            progress_detail(f"scaling launch {launch} of {rounds * len(world_sizes)} ({n} process(es))")
             results = run_processes(_scaling_worker, n, args=(task, profile, configs, windows, steps_per_window,
                                                               warmup_steps, seed, data_policy,
                                                               round_index == 0 and n == max(world_sizes)),

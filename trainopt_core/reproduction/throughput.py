@@ -19,6 +19,7 @@ same configurations.
 """
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from ..measure.allocator import minor_page_faults
 from ..measure.probes import machine_probes
 from .autoplan import plans_dir_for
 from .profiles import get_profile
+from .progress import detail as progress_detail
 from .records import (RECORD_SCHEMA, computation_hash, condition_differences, load_record, run_conditions,
                       same_computation_notes, write_record)
 from .runner import build_engine, one_optimizer_step, resolve_config
@@ -107,9 +109,15 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
         timed.update({PROBE_PREFIX + name: probe for name, probe in probes.items()})
         bar = tqdm(total=windows * len(timed), desc=f"{task} throughput windows", unit="window",
                    disable=not progress, leave=False)
+        windows_timed = itertools.count(1)
+
+        def window_timed() -> None:  # the bar, and the heartbeat's detail (reproduction.progress)
+            bar.update(1)
+            progress_detail(f"{next(windows_timed)} of {windows * len(timed)} timing windows")
+
         rates = measure.interleaved_windows(
             timed, windows=windows, steps_per_window=prof.timing_steps_per_window,
-            warmup_steps=prof.throughput_warmup_steps, device=device, progress=lambda: bar.update(1))
+            warmup_steps=prof.throughput_warmup_steps, device=device, progress=window_timed)
         bar.close()
     finally:
         for workload in workloads.values():

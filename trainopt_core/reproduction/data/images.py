@@ -186,7 +186,7 @@ def _standin_class_structure(generator: torch.Generator, num_classes: int, proto
     return torch.cat(centers, 2), sigmas, torch.cat(colors, 2)
 
 
-# How hard the stand-in is (data, not code paths). Chosen with `scripts/try_standin.py` so that
+# How hard the stand-in is (data, not code paths). Chosen with `benchmarks/probes/standin/` so that
 # the quick ResNet baseline climbs to a plateau well above chance and short of 100 % within its
 # 125 steps (docs/data.md, "The stand-ins and the quick profile's targets"). Mild nuisances keep
 # every image a fresh view; the ceiling comes from a tail of ambiguous images: in

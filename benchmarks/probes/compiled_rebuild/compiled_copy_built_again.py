@@ -1,6 +1,6 @@
 """Does a compiled candidate built again (after being released for room) compile again?
 
-Run from the repository root: python benchmarks/results/amd_epyc_avx512bf16_f26/planning_memory_limit/compiled_copy_built_again.py
+Run from the repository root: python benchmarks/probes/compiled_rebuild/compiled_copy_built_again.py
 The plan builds a released copy again with `Search._built`, as below: a new deep copy, prepared
 (compiled) and stepped once; this prints that warm-up step's seconds for the first build and two more. Inductor's on-disk
 cache is pointed at a new empty folder, so the first build compiles from nothing, as on a fresh

@@ -1,5 +1,5 @@
 """Why `plan()` times CUDA graphs at 0.89-1.10x on the ResNet when the same lever, timed apart,
-is 2.4-2.6x (reports/gpu/nvidia-h200/README.md, "not yet explained"). One process, the planner's
+is 2.4-2.6x (an H200 campaign, reports/gpu/nvidia-h200/README.md). One process, the planner's
 own `Trial` copies (fp16, k = 1, the paper's ResNet-50 at batch 128), timed against an eager copy
 in interleaved windows after each of the steps `plan()` takes with a compiled copy:
 
@@ -14,7 +14,7 @@ in interleaved windows after each of the steps `plan()` takes with a compiled co
 After each, the compile/CUDA-graph counters (`torch._dynamo.utils.counters`) are printed, so a
 re-recording or a skipped graph shows.
 
-    python scripts/planner_graphs_probe.py --out DIR [--device cpu --tiny]
+    python benchmarks/probes/planner_graphs/planner_graphs_probe.py --out DIR [--device cpu --tiny]
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -1,8 +1,8 @@
 """Calibration aid: run the quick baseline (the real runner: augmentation, evaluation) of a task with
 profile settings and image stand-in style overridden, and print its quality curve.
 
-    python scripts/try_standin.py cifar10 '{"lr": 5e-3}' '{"pixel_noise": 0.1}' [seed]
-    python scripts/try_standin.py wikitext2 '{"lr": 2e-3, "epochs": 2}' '{}' [seed [config [record.json]]]
+    python benchmarks/probes/standin/try_standin.py cifar10 '{"lr": 5e-3}' '{"pixel_noise": 0.1}' [seed]
+    python benchmarks/probes/standin/try_standin.py wikitext2 '{"lr": 2e-3, "epochs": 2}' '{}' [seed [config [record.json]]]
 
 Used to choose STANDIN_STYLE and the quick profiles' settings (docs/data.md, "The stand-ins and the quick profile's targets").
 """
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from trainopt_core.reproduction import profiles, runner  # noqa: E402
 from trainopt_core.reproduction.data import images  # noqa: E402
 

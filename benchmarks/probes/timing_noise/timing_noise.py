@@ -8,7 +8,7 @@ between the configurations, and -- assuming windows independent with that spread
 windows per configuration two reproductions need so that all `--ratios` ratios agree within
 ±`--tolerance` with probability `--probability`.
 
-    python scripts/timing_noise.py --task wikitext2 [--configs baseline,+mixed_precision]
+    python benchmarks/probes/timing_noise/timing_noise.py --task wikitext2 [--configs baseline,+mixed_precision]
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ allocated (what the tensors needed) and reserved (what the process took from the
 allocator's retries, and the median time of an optimizer step. Reserved minus allocated is the
 fragmentation an out-of-memory error would see.
 
-    python scripts/expandable_probe.py --out DIR [--device cpu --tiny]
+    python benchmarks/probes/expandable_segments/expandable_probe.py --out DIR [--device cpu --tiny]
 
 On the CPU (``--device cpu --tiny``) only the pipeline runs: there is no caching allocator.
 """
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -14,7 +14,7 @@ with the configurations; with two it also takes time from one of their cores. In
 (`measure.probes`) are timed in interleaved windows. It prints, per phase, each one's median
 rate and each configuration's ratio to the first, and writes everything with `--json`.
 
-    python scripts/contention.py [--task cifar10] [--configs baseline,+accumulation,optimized]
+    python benchmarks/probes/contention/contention.py [--task cifar10] [--configs baseline,+accumulation,optimized]
            [--phases quiet,stream,quiet,cache,quiet] [--windows 5] [--steps 4] [--json FILE]
 
 Needs a Linux machine with at least two cores (CPU affinity); on a GPU it is not meaningful.

@@ -11,7 +11,7 @@
    taking 30 % of the bf16 step; GPT-2's vocabulary (50,257) is no multiple of 8. The same
    step with the vocabulary padded to 50,304 (a multiple of 64), timed interleaved.
 
-    python scripts/gpu_levers_probe.py --out DIR [--device cpu --tiny]
+    python benchmarks/probes/gpu_levers/gpu_levers_probe.py --out DIR [--device cpu --tiny]
 
 Environment: PROBE_PRECISION (bf16, the default, or fp16) is the ResNet's precision;
 PROBE_SKIP_GPT2=1 leaves out the GPT-2 part.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
