@@ -261,9 +261,9 @@ def test_a_compiled_candidate_is_judged_over_the_run_its_compile_time_spread_ove
 
 
 def test_a_compiling_candidate_records_its_compile_time_and_a_short_run_does_not_pay_for_it(monkeypatch):
-    import trainopt_core.planner as planner
+    import trainopt_core.planner.stages as stages
 
-    monkeypatch.setattr(planner, "COMPILE_FLOOR_S", 0.0)  # compiled even for a run this short
+    monkeypatch.setattr(stages, "COMPILE_FLOOR_S", 0.0)  # compiled even for a run this short
     result = _plan(ks=(1,), try_compile=True, run_samples=64)
     compiled = next(row for row in result.rows if row["compile"])
     assert compiled["compile_s"] > 0 and result.compile_s == pytest.approx(compiled["compile_s"])
