@@ -3,7 +3,7 @@
 The paper's fixed recipe is not the fastest everywhere (on a CPU √L checkpointing recomputes
 far more than the 0.12 of a step it assumes), and the paper names the fix: adaptive policies
 that disable an optimization when its overhead exceeds its benefit. `plan()` does that by
-measurement, on the user's model, batch and device, in three stages, each timed in interleaved
+measurement, on the user's model, batch and device, in stages, each timed in interleaved
 windows together with the fp32 baseline (so every speedup is a paired ratio to the baseline
 measured in the same windows):
 
@@ -25,7 +25,10 @@ measured in the same windows):
    attention kernels of a model that calls torch's SDPA; then the options that helped, together.
    On a CUDA GPU with a memory budget the chosen configuration also gets the caching allocator's
    expandable segments (a process-wide setting, so not a timed candidate).
-4. With adaptive accumulation only (`adaptive_accumulation=True`): k sets the effective batch
+4. Timed again: where a candidate that decides the choice (the choice, the caller's configuration,
+   those that could take its place) was timed in fewer windows than another of them, those with
+   fewer are timed once more together, so that none decides on a wide interval of few windows.
+5. With adaptive accumulation only (`adaptive_accumulation=True`): k sets the effective batch
    k·b of the chosen micro-batch b, so it is chosen by goodput -- samples/s × statistical
    efficiency, the efficiency from the gradient noise scale B_simple of the batch (measured with
    its 95 % interval, `noise_scale.probe_noise_scale`), the samples/s from the chosen
@@ -76,7 +79,7 @@ from .result import Plan
 from .search import CPU_TIMING, Search
 from .space import COMPILE_ON_CPU, Candidate, native_reduced_precisions
 from .stages import (COMPILE_FLOOR_S, MAX_CHECKPOINTED, MAX_ZERO, Planning, checkpointing, finish, precision_and_split,
-                     speed_options as speed_options_stage, zero_stage)
+                     settle, speed_options as speed_options_stage, zero_stage)
 from ..config import OptimizationConfig
 
 
@@ -92,9 +95,10 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     `model` is left untouched (each candidate runs on a copy). `optimizer_factory(parameters)`
     builds the optimizer -- or, with `optimizer_takes_model`, `optimizer_factory(model)` (a
     model's own ``configure_optimizers(...)``, say). `base`: the caller's configuration. It is
-    measured among the candidates, kept unless a candidate's eq. 3 cost interval lies wholly
-    below its own (a tie keeps it; it is rejected as slower than fp32 only when its whole
-    speedup interval is), and the returned configuration is `base` with only what the plan
+    measured among the candidates and replaced whenever a candidate's eq. 3 cost interval lies
+    wholly below its own, by the lowest-cost of those; otherwise kept (a tie keeps it; it is
+    rejected as slower than fp32 only when its whole speedup interval is:
+    `choice.keep_or_replace_yours`), and the returned configuration is `base` with only what the plan
     chooses replaced (precision, split, checkpointing, speed options; the ZeRO stage on more
     than one process): its LR schedule, warmup, clipping and loss scaling stay. Its k splits
     `batch`, which is then the script's effective batch (micro-batch × k).
@@ -160,7 +164,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                         adaptive_accumulation=adaptive_accumulation, k_max=k_max, base=base, started=started)
     if search.energy_source is None and resolved.weights[2] > 0:
         planning.notes.append(f"Energy weight {resolved.weights[2]} not used: {search.energy_unavailable}.")
-    for stage in (precision_and_split, zero_stage, checkpointing, speed_options_stage):
+    for stage in (precision_and_split, zero_stage, checkpointing, speed_options_stage, settle):
         stage(planning)
     return finish(planning)
 

@@ -397,7 +397,7 @@ class Search:
                 energy_j, samples = self.ranks.mean([meter.energy_j or 0.0, samples])  # every process's device
                 row["energy_j_per_sample"] = None if meter.energy_j is None else energy_j / samples
 
-    def _choice(self, weights, min_k: int) -> list[dict] | None:
+    def chosen_rows(self, weights, min_k: int) -> list[dict] | None:
         """The rows measured so far with eq. 3's choice marked on them (None when nothing fits yet)."""
         rows = [measured_part(row) for row in self.rows.values()]
         try:
@@ -408,13 +408,13 @@ class Search:
 
     def best(self, *, weights, min_k: int = 1) -> Candidate | None:
         """The current choice among what is measured so far (None when nothing fits yet)."""
-        rows = self._choice(weights, min_k)
+        rows = self.chosen_rows(weights, min_k)
         return None if rows is None else candidate_of(next(row for row in rows if row.get("chosen")))
 
     def near_ties(self, *, weights, min_k: int = 1, most: int = NEAR_TIES) -> list[Candidate]:
         """The current choice and the candidates whose eq. 3 cost interval overlaps its, the lowest
         cost first, `most` in all; [] when no other is within the timing noise of the choice."""
-        rows = self._choice(weights, min_k)
+        rows = self.chosen_rows(weights, min_k)
         if rows is None:
             return []
         chosen = next(row for row in rows if row.get("chosen"))

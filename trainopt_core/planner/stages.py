@@ -1,6 +1,7 @@
 """The stages of one `plan()` call, in order (the package docstring says what each measures):
 precision × split, the ZeRO stage (more than one process), checkpointing (where memory counts),
-speed options, then the choice (`choice.choose`) and the returned `Plan`. Each stage reads and
+speed options, the candidates that decide the choice timed again where they have fewer windows,
+then the choice (`choice.choose`) and the returned `Plan`. Each stage reads and
 extends one `Planning`: the measurements (`search`), the notes, where the time went, and the
 best candidate so far."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from ..compose import deepspeed_available
 from ..config import OptimizationConfig
 from .adaptive import adaptive_config, measure_goodput
-from .choice import choose, helps, over_run, pareto_front
+from .choice import choose, deciding_rows, helps, over_run, pareto_front
 from .memory_model import predict, zero_saving_bytes
 from .result import Plan
 from .search import Search
@@ -231,6 +232,24 @@ def _combine(p: Planning, ran: list[Candidate]) -> None:
         built = search.measure_memory([together])
         if built:
             search.time(built)
+
+
+def settle(p: Planning) -> None:
+    """Before the choice: where a candidate that decides it (the choice, yours, those that could
+    take its place: `choice.deciding_rows`) was timed in fewer windows than another of them, those
+    with fewer are timed once more together with the choice and yours -- a candidate timed in few
+    windows does not decide on its wide interval, nor lose on it."""
+    rows = p.search.chosen_rows(p.weights, p.min_k)
+    if rows is None:
+        return
+    deciding = deciding_rows(rows)
+    most = max(row["timed_windows"] for row in deciding)
+    few = [row for row in deciding if row["timed_windows"] < most]
+    if few:
+        again = [deciding[0]] + [row for row in deciding if row.get("yours")] + few
+        p.search.time([candidate_of(row) for row in again])
+        p.choose_again()
+        p.lap("timed again")
 
 
 def finish(p: Planning) -> Plan:
