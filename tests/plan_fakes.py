@@ -1,7 +1,7 @@
 """Fake timing for plan() tests that check what it chooses: no choice may depend on how busy the
 machine is. `FakeWindows` stands in for the planner's interleaved timing windows (each candidate's
 rate per window from a table, never measured); `FakeClock` for the planning time budget's clock,
-advanced by fake step seconds instead of the machine's."""
+advanced by fake step seconds instead of the machine's (`slow_steps`)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -47,8 +47,34 @@ class FakeClock:
 
 
 def use_fake_windows(monkeypatch, rates: dict[str, list[float]], **kwargs) -> FakeWindows:
-    import trainopt_core.planner.search as search
+    import trainopt_core.planner.timing as timing
 
     fake = FakeWindows(rates, **kwargs)
-    monkeypatch.setattr(search, "interleaved_windows", fake)
+    monkeypatch.setattr(timing, "interleaved_windows", fake)
     return fake
+
+
+def slow_steps(monkeypatch, step_s) -> FakeClock:
+    """The time budget's clock made a FakeClock that every real step of a candidate's copy (its
+    warm-up and tracked steps) advances by `step_s(candidate name)` seconds; returns the clock."""
+    import trainopt_core.planner.budget as budget
+    from trainopt_core.planner.trial import Trial
+
+    clock = FakeClock()
+    monkeypatch.setattr(budget, "now", clock)
+    real_step = Trial.step
+
+    def step(self):
+        clock.advance(step_s(self.candidate.name))
+        return real_step(self)
+
+    monkeypatch.setattr(Trial, "step", step)
+    return clock
+
+
+def without_time_budget(monkeypatch) -> None:
+    """plan()'s default planning time budget off: what a test checks must not depend on how busy
+    the machine is (the budget itself is tested on a fake clock, tests/test_plan_budget.py)."""
+    from trainopt_core.planner import plan
+
+    monkeypatch.setitem(plan.__kwdefaults__, "time_budget_s", None)

@@ -13,6 +13,13 @@ from trainopt_core import OptimizationConfig, plan, prepare
 from trainopt_core.planner.choice import choose, measured_part
 from trainopt_core.planner.result import Plan, against_yours
 
+from plan_fakes import use_fake_windows, without_time_budget
+
+
+@pytest.fixture(autouse=True)
+def _no_time_budget(monkeypatch):
+    without_time_budget(monkeypatch)
+
 
 def _row(name, k, speedup, low, high, **extra):
     return {"candidate": name, "precision": "fp32", "k": k, "peak_memory_bytes": 100.0, "speedup": speedup,
@@ -188,7 +195,6 @@ def test_a_plan_with_fake_timing_replaces_a_slower_base_and_times_a_few_window_c
     intervals, and the fused optimizer on bf16 k=4 of the highest point speed but so noisy that its
     interval reaches into yours."""
     import trainopt_core.planner.space as space
-    from plan_fakes import use_fake_windows
 
     monkeypatch.setattr(space, "native_reduced_precisions", lambda device: ("bf16",))
     fake = use_fake_windows(monkeypatch, {"fp32, k=1": [10.0], "fp32, k=4": [11.0, 12.5, 11.0, 12.0, 11.5, 12.8],

@@ -82,6 +82,8 @@ from .stages import (COMPILE_FLOOR_S, MAX_CHECKPOINTED, MAX_ZERO, Planning, chec
                      settle, speed_options as speed_options_stage, zero_stage)
 from ..config import OptimizationConfig
 
+TIME_BUDGET_S = 60.0  # plan()'s default planning time budget (the reproduction's profiles set their own)
+
 
 def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[torch.Tensor],
          loss_fn: Callable, *, loss_takes_model: bool = False, device: torch.device | str | None = None,
@@ -89,7 +91,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
          ks: Sequence[int] | None = None, speed_options: bool = True, try_compile: bool | None = None,
          adaptive_accumulation: bool = False, k_max: int = 8, run_samples: int | None = None,
          windows: int | None = None, steps_per_window: int | None = None, planning_memory_bytes: float | None = None,
-         progress: bool = False, base: OptimizationConfig | None = None, optimizer_takes_model: bool = False) -> Plan:
+         progress: bool = False, base: OptimizationConfig | None = None, optimizer_takes_model: bool = False,
+         time_budget_s: float | None = TIME_BUDGET_S) -> Plan:
     """Measure candidate configurations on `batch` and choose one (module docstring).
 
     `model` is left untouched (each candidate runs on a copy). `optimizer_factory(parameters)`
@@ -135,7 +138,14 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     planning starts; elsewhere no limit). Each copy holds its weights, gradients and optimizer
     state; copies are released least recently used first to make room, and candidates are timed
     in groups that fit, each group with the baseline (a note says so); a group that runs out of
-    memory all the same is timed again in halves. `progress` prints each stage.
+    memory all the same is timed again in halves. `time_budget_s`: seconds planning may take
+    (None: no limit). Each piece of work -- measuring a candidate, a round of timing windows, a
+    round of re-timing, a stage -- starts only where the seconds the last such piece took fit in
+    what is left, so planning ends within about one such piece of the budget; what was left out
+    (candidates not measured, fewer windows, near ties not timed again, stages not tried) and which
+    candidates are within the choice's timing noise are said in a note (`budget.py`).
+    `progress` prints each candidate measured and each timing group, and a line at least every
+    10 s while windows are timed.
 
     In a torch.distributed group of W > 1 processes, call it on every process, each with its
     share of the effective batch (`batch` is this process's): candidates train data parallel
@@ -152,12 +162,13 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                                memory_budget_bytes=memory_budget_bytes, weights=weights, run_samples=run_samples,
                                windows=windows, steps_per_window=steps_per_window,
                                adaptive_accumulation=adaptive_accumulation, k_max=k_max,
-                               planning_memory_bytes=planning_memory_bytes, base=base, try_compile=try_compile)
+                               planning_memory_bytes=planning_memory_bytes, base=base, try_compile=try_compile,
+                               time_budget_s=time_budget_s)
     device = resolved.device
     if device.type != "cuda":
         windows, steps_per_window = windows or CPU_TIMING[0], steps_per_window or CPU_TIMING[1]
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
-                    progress, loss_takes_model, run_samples, planning_memory_bytes, optimizer_takes_model)
+                    progress, loss_takes_model, run_samples, planning_memory_bytes, optimizer_takes_model, time_budget_s)
     planning = Planning(search=search, memory_budget_bytes=memory_budget_bytes, weights=resolved.weights,
                         min_k=resolved.min_k, world=resolved.world, ks=ks, speed_options=speed_options,
                         try_compile=resolved.try_compile, run_samples=run_samples,
@@ -169,5 +180,5 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     return finish(planning)
 
 
-__all__ = ["COMPILE_FLOOR_S", "COMPILE_ON_CPU", "Candidate", "MAX_CHECKPOINTED", "MAX_ZERO", "Plan",
+__all__ = ["COMPILE_FLOOR_S", "COMPILE_ON_CPU", "Candidate", "MAX_CHECKPOINTED", "MAX_ZERO", "Plan", "TIME_BUDGET_S",
            "native_reduced_precisions", "pareto_front", "plan"]

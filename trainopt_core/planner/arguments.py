@@ -32,7 +32,7 @@ def positive_number(value) -> bool:
 
 def check_arguments(model, batch, *, loss_takes_model, device, memory_budget_bytes, weights, run_samples, windows,
                     steps_per_window, adaptive_accumulation, k_max, planning_memory_bytes, base,
-                    try_compile) -> Resolved:
+                    try_compile, time_budget_s) -> Resolved:
     """Refuses what plan() cannot use; returns what it resolves."""
     if base is not None and not isinstance(base, OptimizationConfig):
         fail("base", type(base).__name__, "None or an OptimizationConfig (the script's own configuration)")
@@ -61,6 +61,8 @@ def check_arguments(model, batch, *, loss_takes_model, device, memory_budget_byt
         fail("batch", f"a batch of {size}" + (f" on each of {world} processes" if world > 1 else ""),
              "with adaptive_accumulation, >= 6 samples in all (>= 3 micro-batches for the noise scale's interval, "
              "split into >= 2), >= 2 on each process")
+    if time_budget_s is not None and not positive_number(time_budget_s):
+        fail("time_budget_s", time_budget_s, "None (no limit) or a number of seconds > 0 (planning time)")
     if planning_memory_bytes is not None and not positive_number(planning_memory_bytes):
         fail("planning_memory_bytes", planning_memory_bytes,
              "None (on CUDA 90 % of the free memory, elsewhere no limit) or a number of bytes > 0")

@@ -54,7 +54,7 @@ def over_run(row: dict, speedup: float | None, base_s: float | None, run_samples
 def measured_part(row: dict) -> dict:
     """A row without what `choose` decides (so a choice can be made again)."""
     out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None, speedup_over_run=None)
-    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality", "failed")):
+    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality", "failed", "not measured")):
         out["rejected_because"] = None
     return out
 

@@ -64,6 +64,13 @@ class Planning:
         self.stage_s[stage] = self.stage_s.get(stage, 0.0) + now - (self.lap_started or self.started)
         self.lap_started = now
 
+    def out_of_time(self, stage: str) -> bool:
+        """True (and said) when the time budget is spent before `stage` starts."""
+        spent = not self.search.ranks.all(self.search.time_budget.left_s() > 0)
+        if spent:
+            self.search.time_budget.cut(f"{stage} not tried")
+        return spent
+
     def choose_again(self) -> None:
         self.best = self.search.best(weights=self.weights, min_k=self.min_k)
 
@@ -88,6 +95,10 @@ def precision_and_split(p: Planning) -> None:
     """Stage 1: every precision the device computes natively × splits of the batch (on a GPU the
     fewest that fit first), the caller's configuration among them; near ties timed once more."""
     search, device, size = p.search, p.search.device, p.search.size
+    if p.base is not None:  # the caller's configuration, measured whatever the time budget, timed with the first
+        yours = base_candidate(p.base, size, search.num_blocks, p.world, device)
+        p.first += search.measure_memory([Candidate(), yours], always=True)
+        search.rows[yours]["yours"] = True
     if p.ks is None and device.type == "cuda":
         # a GPU step's time follows its kernel launches more than its samples: the fewest
         # micro-batches that fit first, a precision split further only where its split does not fit
@@ -98,12 +109,8 @@ def precision_and_split(p: Planning) -> None:
                        f"fit ({', '.join(sorted({f'k={c.k}' for c in p.stage1}))} measured).")
     else:
         p.stage1 = precision_splits(size, device, p.ks, min_k=p.min_k)
-        p.first = search.measure_memory(p.stage1)
-    if p.base is not None:  # the caller's configuration, timed with the first candidates
-        yours = base_candidate(p.base, size, search.num_blocks, p.world, device)
-        if yours not in search.rows:
-            p.first += search.measure_memory([yours])
-        search.rows[yours]["yours"] = True
+        p.first += search.measure_memory(p.stage1)
+    p.first = list(dict.fromkeys(p.first))
     search.time(p.first)
     tied = search.near_ties(weights=p.weights, min_k=p.min_k)
     if tied:  # the speed options build on one of them: more windows for those within the noise first
@@ -121,6 +128,8 @@ def zero_stage(p: Planning) -> None:
         return
     if not deepspeed_available():
         p.notes.append("ZeRO stages not tried: DeepSpeed is not installed (pip install 'trainopt[deepspeed]').")
+        return
+    if p.out_of_time("ZeRO stages"):
         return
     saving = zero_saving_bytes(search.calibration, 2, search.ranks.world_size) if search.calibration else 0
 
@@ -148,7 +157,7 @@ def checkpointing(p: Planning) -> None:
         if budget is not None:
             p.notes.append("Checkpointing not tried: the model has no known block sequence (give it checkpoint_blocks).")
         return
-    if budget is None and p.weights[1] == 0:
+    if (budget is None and p.weights[1] == 0) or p.out_of_time("checkpointing"):
         return
     twins = [c for c in p.stage1 + p.zero_ran if p.over_budget(c)]
     if p.best is not None and p.weights[1] == 0:
@@ -182,7 +191,7 @@ def speed_options(p: Planning) -> None:
     """Stage 3 on the best so far: the optimizer's fused kernels, channels-last, torch.compile,
     attention kernels; then the options that helped, together."""
     search, best = p.search, p.best
-    if not p.speed_options or best is None:
+    if not p.speed_options or best is None or p.out_of_time("speed options"):
         return
     compile_now = p.try_compile
     best_s = search.rows[best]["seconds_per_sample"]
@@ -245,7 +254,7 @@ def settle(p: Planning) -> None:
     deciding = deciding_rows(rows)
     most = max(row["timed_windows"] for row in deciding)
     few = [row for row in deciding if row["timed_windows"] < most]
-    if few:
+    if few and not p.out_of_time("timing again the candidates with fewer windows"):
         again = [deciding[0]] + [row for row in deciding if row.get("yours")] + few
         p.search.time([candidate_of(row) for row in again])
         p.choose_again()
@@ -275,6 +284,11 @@ def finish(p: Planning) -> Plan:
         raise ValueError(f"{error}; not tried (at most {MAX_CHECKPOINTED} checkpointed candidates are measured): "
                          + "; ".join(c.name for c in p.never_tried)) from error
     chosen = next(row for row in rows if row.get("chosen"))
+    budget_note = search.time_budget.note()
+    if budget_note:
+        noisy = [row["candidate"] for row in rows if "timing noise" in (row["rejected_because"] or "")]
+        p.notes.append(budget_note + (" Within the choice's timing noise: " + "; ".join(repr(n) for n in noisy) + "."
+                                      if noisy else " No candidate is within the choice's timing noise."))
     config, good = configured(candidate_of(chosen), p.base, p.world), None
     if config.zero_stage:
         p.notes.append(f"The chosen configuration runs ZeRO-{config.zero_stage}: build it with prepare(..., "
