@@ -21,8 +21,9 @@ measured in the same windows):
    with w2 > 0 those on the time-memory Pareto front. Checkpointing only adds recompute, so a
    candidate that already fits is not checkpointed.
 3. Speed options on the best so far: the optimizer's fused kernels (foreach where it has none), channels-last
-   weights for CNNs, torch.compile where it is tried (on CUDA into CUDA graphs), and on CUDA the
-   attention kernels of a model that calls torch's SDPA; then the options that helped, together.
+   weights for CNNs, and on CUDA the attention kernels of a model that calls torch's SDPA; then
+   the options that helped, together; then torch.compile where it is tried (on CUDA into CUDA
+   graphs), on the finalist only.
    On a CUDA GPU with a memory budget the chosen configuration also gets the caching allocator's
    expandable segments (a process-wide setting, so not a timed candidate).
 4. Timed again: where a candidate that decides the choice (the choice, the caller's configuration,

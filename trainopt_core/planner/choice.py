@@ -200,12 +200,17 @@ def _reject_slower(feasible: list[dict], base: dict, base_fits: bool, speed, min
                 f"plan runs at {speed(fastest):.2f}x its speed at best."], True
     for row in slower:
         row["feasible"] = False
-        row["rejected_because"] = f"slower than the fp32 baseline ({row['speedup']:.2f}x)"
+        row["rejected_because"] = f"slower than the fp32 baseline ({_below_one(row['speedup'])})"
         if row.get("speedup_over_run") is not None:
-            row["rejected_because"] = (f"slower than the fp32 baseline over the run ({row['speedup_over_run']:.2f}x: "
+            row["rejected_because"] = (f"slower than the fp32 baseline over the run ({_below_one(row['speedup_over_run'])}: "
                                        f"{row['speedup']:.2f}x per step, but compiling took "
                                        f"{row['compile_s']:.1f} s, spread over {run_samples:,} samples)")
     return [], False
+
+
+def _below_one(speedup: float) -> str:
+    """A speedup below 1 in as many digits as show it below 1 (0.996 is not "1.00x")."""
+    return f"{speedup:.2f}x" if round(speedup, 2) < 1.0 else f"{speedup:.3f}x" if round(speedup, 3) < 1.0 else f"{speedup:.4f}x"
 
 
 def _eq3_costs(feasible: list[dict], base: dict, weights: tuple, speed) -> None:

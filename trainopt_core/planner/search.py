@@ -12,8 +12,9 @@ fits (the baseline's is kept: it is in every timing group), and candidates are t
 that fit together, each group with the baseline (every speedup is paired with the baseline's
 windows of the same rounds), the group whose copies are still built first; a released copy is
 built again when a later group needs it. A group that runs out of memory all the same (the steps'
-peaks together, the allocator's fragmentation) is timed again in halves from new copies, down
-to a candidate beside the baseline alone, which is then rejected as out of memory.
+peaks together, the allocator's fragmentation) is timed again in halves from new copies; a
+candidate that does not fit beside the baseline is timed alone between baseline windows timed
+alone (`timing.py`), and only one out of memory even alone is rejected as such.
 
 On more than one process (a torch.distributed group) every candidate trains data parallel --
 DDP, or DeepSpeed at its ZeRO stage -- and the processes agree on each measurement before it
@@ -117,7 +118,7 @@ class Search(Timing):
                 "peak_memory_bytes": None, "loss_rel_diff": None, "seconds_per_sample": None, "speedup": None,
                 "speedup_ci_low": None, "speedup_ci_high": None, "timed_windows": 0, "energy_j_per_sample": None,
                 "compile_s": None, "speedup_over_run": None, "feasible": False, "cost": None, "cost_ci_low": None,
-                "cost_ci_high": None, "rejected_because": None}
+                "cost_ci_high": None, "rejected_because": None, "paired_with": None}
             if self.calibration is not None:
                 row["predicted_memory_bytes"] = predicted = predict(self.calibration, candidate, self.size,
                                                                     self.ranks.world_size)
@@ -132,7 +133,11 @@ class Search(Timing):
                 continue
             self._say(f"memory: {candidate.name}")
             started = clock.now()
-            self._make_room(row["predicted_memory_bytes"] or 0, keep=(Candidate(),))  # in every timing group
+            # the baseline's copy kept (it is in every timing group) where the candidate fits beside it
+            predicted = row["predicted_memory_bytes"] or 0
+            beside = (self.capacity_bytes is None or Candidate() not in self.held_bytes
+                      or self.held_bytes[Candidate()] + predicted <= self.capacity_bytes)
+            self._make_room(predicted, keep=(Candidate(),) if beside else ())
             measured = self._measure_one(candidate, row)
             if measured is None and self.trials and not row["rejected_because"].startswith("failed"):
                 # out of memory: perhaps only the other copies were in the way

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from ..compose import deepspeed_available
 from ..config import OptimizationConfig
 from .adaptive import adaptive_config, measure_goodput
-from .choice import choose, deciding_rows, helps, over_run, pareto_front
+from .choice import choose, deciding_rows, helps, pareto_front
 from .memory_model import predict, zero_saving_bytes
 from .result import Plan
 from .search import Search
+from .timing import BRACKETED
 from .space import (COMPILE_ON_CPU, Candidate, attention_kernels, base_candidate, candidate_of, changes_between,
                     checkpointed_twins, configured, fewest_splits_that_fit, precision_splits, speed_option_changes,
                     splits, with_expandable_segments, zero_twins)
@@ -188,8 +189,9 @@ def checkpointing(p: Planning) -> None:
 
 
 def speed_options(p: Planning) -> None:
-    """Stage 3 on the best so far: the optimizer's fused kernels, channels-last, torch.compile,
-    attention kernels; then the options that helped, together."""
+    """Stage 3 on the best so far: the optimizer's fused kernels, channels-last and, on CUDA,
+    attention kernels; the options that helped, together; then torch.compile on the finalist
+    only (compiling every option and then their combination took 47-72 s of a GPU plan)."""
     search, best = p.search, p.best
     if not p.speed_options or best is None or p.out_of_time("speed options"):
         return
@@ -204,15 +206,16 @@ def speed_options(p: Planning) -> None:
     # attention kernels: a lever where the device offers them (CUDA), for a model that calls SDPA
     uses_sdpa = bool(attention_kernels(best, search.device)) and search.trial(Candidate()).calls_sdpa()
 
-    def options_of(c: Candidate) -> list[dict]:
-        return speed_option_changes(c, search.model, search.optimizer_factory, search.device, compile_now,
-                                    search.optimizer_takes_model, uses_sdpa)
+    def options_of(c: Candidate, compiled: bool = False) -> list[dict]:
+        return [option for option in speed_option_changes(c, search.model, search.optimizer_factory, search.device,
+                                                          compile_now and compiled, search.optimizer_takes_model,
+                                                          uses_sdpa)
+                if bool(option.get("compile")) == compiled]
 
     options = options_of(best)
     tried = [best.replace(**option) for option in options]
     unzeroed = best.replace(zero_stage=0)
-    unzeroed_row = search.rows.get(unzeroed)
-    if best.zero_stage and unzeroed_row and unzeroed_row["speedup"] is not None and not p.over_budget(unzeroed):
+    if best.zero_stage and _measured_and_fits(p, unzeroed):
         # channels-last and compile do not run under DeepSpeed: tried on the best's DDP twin,
         # which fits too, lest a ZeRO stage chosen inside the noise shut them out
         tried += [unzeroed.replace(**option) for option in options_of(unzeroed) if option not in options]
@@ -220,20 +223,24 @@ def speed_options(p: Planning) -> None:
     if ran:
         search.time([best] + ran)
         _combine(p, ran)
+        p.choose_again()
+    if compile_now:
+        _compile_finalist(p, options_of)
     p.lap("speed options")
     if not p.try_compile:
         p.notes.append(f"torch.compile not tried (try_compile=False, the default off CUDA: {COMPILE_ON_CPU}).")
 
 
+def _measured_and_fits(p: Planning, c: Candidate) -> bool:
+    row = p.search.rows.get(c)
+    return bool(row) and row["speedup"] is not None and not p.over_budget(c)
+
+
 def _combine(p: Planning, ran: list[Candidate]) -> None:
-    """The speed options that helped the best, together (one way of compiling: the faster over the run)."""
+    """The speed options that helped the best, together."""
     search, best = p.search, p.best
     base_s = search.rows[Candidate()]["seconds_per_sample"]
     helped = [c for c in ran if helps(search.rows[c], search.rows[best], p.memory_budget_bytes, base_s, p.run_samples)]
-    compiled = [c for c in helped if c.compile]
-    if len(compiled) > 1:
-        helped.remove(min(compiled, key=lambda c: over_run(search.rows[c], search.rows[c]["speedup"], base_s,
-                                                           p.run_samples)))
     if len(helped) > 1:
         together = best.replace(**{key: value for c in helped for key, value in changes_between(best, c).items()})
         # timed with the baseline only: every speedup is paired with the baseline's windows,
@@ -241,6 +248,20 @@ def _combine(p: Planning, ran: list[Candidate]) -> None:
         built = search.measure_memory([together])
         if built:
             search.time(built)
+
+
+def _compile_finalist(p: Planning, options_of) -> None:
+    """torch.compile on the best eager candidate so far, the finalist (on a ZeRO finalist, its DDP
+    twin where that fits: compile does not run under DeepSpeed), timed beside it."""
+    finalist = p.best
+    if finalist is not None and finalist.zero_stage:
+        finalist = finalist.replace(zero_stage=0) if _measured_and_fits(p, finalist.replace(zero_stage=0)) else None
+    if finalist is None:
+        return
+    ran = p.search.measure_memory([finalist.replace(**option) for option in options_of(finalist, compiled=True)])
+    if ran:
+        p.search.time([finalist] + ran)
+        p.choose_again()
 
 
 def settle(p: Planning) -> None:
@@ -273,6 +294,15 @@ def finish(p: Planning) -> Plan:
         p.notes.append(f"Timed in groups {room}, each group with the baseline ({search.split_rounds} round(s) split"
                        f"{ran_out}); {search.rebuilt} candidate cop{'y was' if search.rebuilt == 1 else 'ies were'} "
                        "built again after being released for room.")
+    alone = [row["candidate"] for row in search.rows.values() if BRACKETED in (row.get("paired_with") or "")]
+    if alone:
+        room = "" if search.capacity_bytes is None else f" in {search.capacity_bytes / 2**20:,.0f} MiB"
+        p.notes.append(f"Timed alone, their copies and the baseline's not fitting{room} together: "
+                       f"{'; '.join(alone)}. Each between baseline windows timed alone before and after "
+                       "it (the copy it replaced released), each window paired with the geometric mean of the two "
+                       "baseline windows around it; every other candidate interleaved with the baseline"
+                       + ("." if search.split_rounds else f" ({search.rebuilt} copies built again after being "
+                                                          "released for room)."))
     if search.timing_note:
         p.notes.append(search.timing_note)
     rows = list(search.rows.values())

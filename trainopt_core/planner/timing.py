@@ -31,6 +31,10 @@ from .space import Candidate
 WINDOW_TARGET_S, SHORT_STEP_S, MAX_STEPS_PER_WINDOW = 0.25, 0.1, 20
 CPU_TIMING = (3, 2)  # windows, steps per window: CPU steps are long, and planning time counts
 PROGRESS_EVERY_S = 10.0  # with progress on, a line at least this often while windows are timed
+# how a candidate's windows were paired with the baseline's (a row's `paired_with`)
+INTERLEAVED = "interleaved with the baseline's windows"
+BRACKETED = ("timed alone, each window paired with the geometric mean of the baseline's windows timed alone "
+             "before and after it")
 
 
 def sized_timing(step_s: float, windows: int | None, steps_per_window: int | None) -> tuple[int, int]:
@@ -62,11 +66,21 @@ class Timing:
         steps = self.steps_per_window or 2
         return (self.pace if paced else 1.0) * steps * sum(self.step_s.get(c, max(known)) for c in candidates)
 
+    def fits_beside_baseline(self, candidate: Candidate) -> bool:
+        """Whether the copies of `candidate` and the baseline fit in the capacity together: what
+        both hold between steps plus the larger step's peak."""
+        baseline = Candidate()
+        if self.capacity_bytes is None or candidate == baseline:
+            return True
+        need = self.held_bytes[baseline] + self.held_bytes[candidate] + max(self.step_bytes[baseline],
+                                                                             self.step_bytes[candidate])
+        return need <= self.capacity_bytes
+
     def timing_groups_of(self, candidates: Sequence[Candidate]) -> list[list[Candidate]]:
         """`candidates` (the baseline first) in groups that fit in the capacity together -- what
         they hold between steps plus the largest step's peak -- each group led by the baseline.
-        One group without a capacity; a candidate that does not fit even beside the baseline alone
-        is still timed beside it (its out-of-memory error, if any, is real)."""
+        One group without a capacity. (A candidate that does not fit beside the baseline alone is
+        not in any: it is timed between baseline windows, `_time_in_brackets`.)"""
         baseline, others = candidates[0], list(candidates[1:])
         if self.capacity_bytes is None or not others:
             return [list(candidates)]
@@ -121,27 +135,28 @@ class Timing:
                 self.time_budget.allows(self.round_s(names))):
             self.time_budget.cut("not timed again", [c.name for c in names[1:]])
             return
-        groups = self.timing_groups_of(names)
+        alone = [c for c in names if not self.fits_beside_baseline(c)]
+        groups = self.timing_groups_of([c for c in names if c not in alone])
         split = len(groups) > 1
         while groups:  # the group whose copies are still built first: fewer copies built again
             group = min(groups, key=lambda g: sum(c not in self.trials for c in g))
             groups.remove(group)
-            if self._timed_within_memory(group):
+            if len(group) == 1 or self._timed_within_memory(group):
                 continue
             # out of memory after all (steps' peaks together, the allocator's fragmentation): every
             # copy released (the one that failed may have stopped inside its step, its gradients half
-            # accumulated), the group timed again in halves, each with the baseline
+            # accumulated), the group timed again in halves, each with the baseline, and a candidate
+            # that runs out of memory beside the baseline alone timed without it
             split = True
             self.out_of_memory_splits += 1
             self._release_copies(keep=())
             others = group[1:]
             if len(others) > 1:
                 groups += [[baseline] + others[:len(others) // 2], [baseline] + others[len(others) // 2:]]
-            else:  # the baseline or the candidate: the baseline alone decides (raised if it is out of memory)
-                if not self.windows_timed.get(baseline):
-                    self._time_group([baseline])
-                if not self.windows_timed.get(others[0]):  # timed in no earlier round either
-                    self.rows[others[0]]["rejected_because"] = "out of memory: while timed beside the baseline alone"
+            else:
+                alone += others
+        if alone:
+            self._time_in_brackets(alone)
         self.split_rounds += split
 
     def _timed_within_memory(self, group: list[Candidate]) -> bool:
@@ -155,13 +170,51 @@ class Timing:
             return False
         return True
 
+    def _least(self, names: Sequence[Candidate]) -> int:
+        """The fewest windows a timing of `names` takes whatever the budget: two (for an interval)
+        where one of them was never timed, else one."""
+        return min(2, self.windows) if any(not self.windows_timed.get(c) for c in names) else 1
+
     def _time_group(self, names: list[Candidate]) -> None:
         self._ensure(names)
         self.timing()  # the baseline's copy is built now: it is in every group
-        least = min(2, self.windows) if any(not self.windows_timed.get(c) for c in names) else 1
         self._say(f"timing {len(names)} candidates in up to {self.windows} interleaved windows")
-        rates = self._rounds(names, least)
-        self._record(names, rates, rates[names[0].name])
+        rates = self._rounds(names, self._least(names))
+        self._energy(names)
+        self._record(names, rates, rates[names[0].name], INTERLEAVED)
+
+    def _time_in_brackets(self, alone: list[Candidate]) -> None:
+        """Times each candidate whose copy does not fit beside the baseline's without the two
+        resident together: the baseline alone, then (its copy released) the candidate alone, then
+        the baseline again, and so on, each candidate's window i paired with the geometric mean of
+        window i of the baseline's windows before and after it. One that runs out of memory even
+        alone is rejected as such."""
+        baseline = Candidate()
+        self._release_copies(keep=(baseline,))
+        self._ensure([baseline])
+        self.timing()
+        before = self._rounds([baseline], 1)[baseline.name]
+        self._record([baseline], {baseline.name: before}, before, BRACKETED)
+        for candidate in alone:
+            self._release_copies(keep=())
+            self._say(f"timing {candidate.name} alone, between baseline windows (the two copies do not fit together)")
+            try:
+                self._ensure([candidate])
+                own = self._rounds([candidate], self._least([candidate]))[candidate.name]
+                self._energy([candidate])
+            except (torch.OutOfMemoryError, RuntimeError) as error:
+                if not is_out_of_memory(error):
+                    raise
+                self.rows[candidate]["rejected_because"] = "out of memory: even timed alone, no other copy resident"
+                continue
+            finally:
+                self._release_copies(keep=())
+            self._ensure([baseline])
+            after = self._rounds([baseline], 1)[baseline.name]
+            bracket = [math.sqrt(before[i % len(before)] * after[i % len(after)]) for i in range(len(own))]
+            self._record([candidate], {candidate.name: own}, bracket, BRACKETED)
+            self._record([baseline], {baseline.name: after}, after, BRACKETED)
+            before = after
 
     def _rounds(self, names: list[Candidate], least: int) -> dict[str, list[float]]:
         """{name: items/s per window}: `least` rounds, then more up to `windows` while the last
@@ -192,9 +245,10 @@ class Timing:
             self.pace = expected / planned if planned > 0 else self.pace
         return rates
 
-    def _record(self, names: list[Candidate], rates: dict[str, list[float]], baseline_rates: list[float]) -> None:
+    def _record(self, names: list[Candidate], rates: dict[str, list[float]], baseline_rates: list[float],
+                paired: str) -> None:
         """Adds the windows to each candidate's, paired with `baseline_rates` window by window, and
-        updates its row: seconds per sample, speedup and 95 % interval, energy per sample once."""
+        updates its row: seconds per sample, speedup and 95 % interval, how it was paired."""
         for candidate in names:
             own, paired_baseline = self.windows_timed.setdefault(candidate, ([], []))
             own += rates[candidate.name]
@@ -203,11 +257,17 @@ class Timing:
             row.update(seconds_per_sample=summarize([1.0 / r for r in own])["median"], timed_windows=len(own))
             if candidate == Candidate():
                 row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0)
-            else:
-                ratio = paired_ratio(own, paired_baseline)
-                # the geometric mean of the paired ratios, the statistic its interval is about (the
-                # median of bimodal windows fell outside the mean's interval)
-                row.update(speedup=ratio["mean"], speedup_ci_low=ratio["ci_low"], speedup_ci_high=ratio["ci_high"])
+                continue
+            ratio = paired_ratio(own, paired_baseline)
+            # the geometric mean of the paired ratios, the statistic its interval is about (the
+            # median of bimodal windows fell outside the mean's interval)
+            row.update(speedup=ratio["mean"], speedup_ci_low=ratio["ci_low"], speedup_ci_high=ratio["ci_high"])
+            row["paired_with"] = paired if row.get("paired_with") in (None, paired) else f"{row['paired_with']}; {paired}"
+
+    def _energy(self, names: list[Candidate]) -> None:
+        """Energy per sample, once per candidate, where a counter is readable (copies built)."""
+        for candidate in names:
+            row = self.rows[candidate]
             if self.energy_source is not None and row["energy_j_per_sample"] is None:
                 with EnergyMeter(self.device) as meter:
                     samples = sum(self.trials[candidate].step() for _ in range(self.steps_per_window))
