@@ -159,19 +159,20 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     k = 1 is timed as steps of two micro-batches of its size, to tell the all-reduce apart).
     """
     started = time.perf_counter()
-    resolved = check_arguments(model, batch, loss_takes_model=loss_takes_model, device=device,
-                               memory_budget_bytes=memory_budget_bytes, weights=weights, run_samples=run_samples,
+    resolved = check_arguments(model, optimizer_factory, batch, loss_fn, loss_takes_model=loss_takes_model,
+                               device=device, memory_budget_bytes=memory_budget_bytes, weights=weights, ks=ks,
+                               speed_options=speed_options, try_compile=try_compile,
+                               adaptive_accumulation=adaptive_accumulation, k_max=k_max, run_samples=run_samples,
                                windows=windows, steps_per_window=steps_per_window,
-                               adaptive_accumulation=adaptive_accumulation, k_max=k_max,
-                               planning_memory_bytes=planning_memory_bytes, base=base, try_compile=try_compile,
-                               time_budget_s=time_budget_s)
+                               planning_memory_bytes=planning_memory_bytes, progress=progress, base=base,
+                               optimizer_takes_model=optimizer_takes_model, time_budget_s=time_budget_s)
     device = resolved.device
     if device.type != "cuda":
         windows, steps_per_window = windows or CPU_TIMING[0], steps_per_window or CPU_TIMING[1]
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
                     progress, loss_takes_model, run_samples, planning_memory_bytes, optimizer_takes_model, time_budget_s)
     planning = Planning(search=search, memory_budget_bytes=memory_budget_bytes, weights=resolved.weights,
-                        min_k=resolved.min_k, world=resolved.world, ks=ks, speed_options=speed_options,
+                        min_k=resolved.min_k, world=resolved.world, ks=resolved.ks, speed_options=speed_options,
                         try_compile=resolved.try_compile, run_samples=run_samples,
                         adaptive_accumulation=adaptive_accumulation, k_max=k_max, base=base, started=started)
     if search.energy_source is None and resolved.weights[2] > 0:
