@@ -1,6 +1,7 @@
 """plan() in a script's own terms: it starts from the script's configuration (`base=`), keeps what
-it does not choose, decides on intervals (a tie keeps the script's choice), and takes a model
-that returns its loss and a model-level optimizer factory."""
+it does not choose, decides on intervals (replaced by the best candidate whose interval lies wholly
+below its own, else a tie keeps it), and takes a model that returns its loss and a model-level
+optimizer factory. The choices here are made on fake timings (tests/plan_fakes.py)."""
 from __future__ import annotations
 
 import math

@@ -117,7 +117,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     to try (default the powers of two up to 8 that divide the batch). `speed_options`: also try
     the optimizer's foreach/fused kernels, channels-last (models with convolutions) and, where
     `try_compile` (default: on CUDA only -- `COMPILE_ON_CPU` says what it did on 2-core CPUs),
-    torch.compile; its compile time is reported apart (`Plan.compile_s`, and each compiled row's
+    torch.compile on the finalist, the best eager candidate; its compile time is reported apart (`Plan.compile_s`, and each compiled row's
     `compile_s`: its first, compiling step). `run_samples`: how many samples the run will train on
     (None: unknown). Given, a compiled candidate is judged over the run -- eq. 3's T then counts
     its compile seconds spread over those samples (`speedup_over_run`) -- so compiling is chosen
@@ -139,7 +139,10 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     planning starts; elsewhere no limit). Each copy holds its weights, gradients and optimizer
     state; copies are released least recently used first to make room, and candidates are timed
     in groups that fit, each group with the baseline (a note says so); a group that runs out of
-    memory all the same is timed again in halves. `time_budget_s`: seconds planning may take
+    memory all the same is timed again in halves. A candidate whose copy does not fit beside the
+    baseline's is timed alone, between baseline windows timed alone before and after it (its
+    row's `paired_with` and a note say so): none that fits the device alone is rejected for
+    memory. `time_budget_s`: seconds planning may take
     (None: no limit). Each piece of work -- measuring a candidate, a round of timing windows, a
     round of re-timing, a stage -- starts only where the seconds the last such piece took fit in
     what is left, so planning ends within about one such piece of the budget; what was left out

@@ -122,7 +122,9 @@ class Timing:
         sample where a counter is readable (once per candidate). A candidate timed in several
         rounds keeps the windows of all of them (`timed_windows` counts them): a later round
         adds to its evidence instead of replacing it. Candidates all timed before are timed again
-        only where a round of them fits in the time budget."""
+        only where a round of them fits in the time budget. A candidate whose copy does not fit
+        beside the baseline's (or runs out of memory beside it) is timed alone between baseline
+        windows (`_time_in_brackets`)."""
         baseline = Candidate()
         names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.held_bytes]
         if names == [baseline]:  # nothing to pair with it: its speedup is 1 by definition, its seconds its step's
