@@ -298,9 +298,10 @@ def finish(p: Planning) -> Plan:
     if alone:
         room = "" if search.capacity_bytes is None else f" in {search.capacity_bytes / 2**20:,.0f} MiB"
         p.notes.append(f"Timed alone, their copies and the baseline's not fitting{room} together: "
-                       f"{'; '.join(alone)}. Each between baseline windows timed alone before and after "
-                       "it (the copy it replaced released), each window paired with the geometric mean of the two "
-                       "baseline windows around it; every other candidate interleaved with the baseline"
+                       f"{'; '.join(alone)}. Each was built once the baseline's copy was released and timed "
+                       "between baseline windows timed alone before and after it, each of its windows paired with the "
+                       "geometric mean of the two baseline windows around it; every other candidate was interleaved "
+                       "with the baseline"
                        + ("." if search.split_rounds else f" ({search.rebuilt} copies built again after being "
                                                           "released for room)."))
     if search.timing_note:
