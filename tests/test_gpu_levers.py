@@ -386,13 +386,13 @@ def test_attention_kernels_are_offered_on_a_gpu_by_precision_and_nowhere_else(mo
 @pytest.fixture
 def math_kernel_offered(monkeypatch):
     """The planner's attention-kernel lever on this CPU: 'math' stands in for a GPU's kernels."""
-    import trainopt_core.planner as planner
+    import trainopt_core.planner.stages as stages
 
     def offered(best, device):
         return ("math",)
 
     monkeypatch.setattr(space, "attention_kernels", offered)
-    monkeypatch.setattr(planner, "attention_kernels", offered)
+    monkeypatch.setattr(stages, "attention_kernels", offered)
 
 
 def test_plan_times_a_forced_attention_kernel_only_for_a_model_that_calls_sdpa(math_kernel_offered):

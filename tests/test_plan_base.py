@@ -1,6 +1,7 @@
 """plan() in a script's own terms: it starts from the script's configuration (`base=`), keeps what
-it does not choose, decides on intervals (a tie keeps the script's choice), and takes a model
-that returns its loss and a model-level optimizer factory."""
+it does not choose, decides on intervals (replaced by the best candidate whose interval lies wholly
+below its own, else a tie keeps it), and takes a model that returns its loss and a model-level
+optimizer factory. The choices here are made on fake timings (tests/plan_fakes.py)."""
 from __future__ import annotations
 
 import math
@@ -10,8 +11,15 @@ import torch
 from torch import nn
 
 from trainopt_core import OptimizationConfig, plan, prepare
-from trainopt_core.planner.choice import choose
+from trainopt_core.planner.choice import choose, measured_part
 from trainopt_core.planner.result import Plan, against_yours
+
+from plan_fakes import use_fake_windows, without_time_budget
+
+
+@pytest.fixture(autouse=True)
+def _no_time_budget(monkeypatch):
+    without_time_budget(monkeypatch)
 
 
 def _row(name, k, speedup, low, high, **extra):
@@ -20,23 +28,73 @@ def _row(name, k, speedup, low, high, **extra):
             "feasible": False, **extra}
 
 
-def test_a_tie_keeps_the_callers_configuration_and_a_clear_win_replaces_it():
-    rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _row("fp32, k=4", 4, 1.10, 0.95, 1.25, yours=True),
-            _row("fp32, k=2", 2, 1.20, 1.05, 1.35)]
+def _costed(name, k, cost, low, high, **extra):
+    """A row whose eq. 3 cost (time only: 1 / speedup) is `cost`, its interval `low`-`high`."""
+    return _row(name, k, 1 / cost, 1 / high, 1 / low, **extra)
+
+
+def _issue_case(**yours):
+    """A script's fp32 k=4 among bf16 candidates whose cost intervals lie wholly below its own, and
+    a fused-optimizer candidate of the lowest point cost whose wide interval (3 windows) overlaps it."""
+    return [_row("fp32, k=1", 1, 1.0, 1.0, 1.0),
+            _costed("fp32, k=4", 4, 0.871, 0.802, 0.946, yours=True, **yours),
+            _costed("bf16, k=4", 4, 0.655, 0.618, 0.695), _costed("bf16, k=1", 1, 0.686, 0.641, 0.733),
+            _costed("bf16, k=4, fused optimizer", 4, 0.611, 0.381, 0.981)]
+
+
+def test_yours_is_replaced_by_the_best_candidate_whose_interval_lies_wholly_below_it():
+    rows = _issue_case()
     notes = choose(rows, None, (1.0, 0.0, 0.0))
-    assert rows[1]["chosen"] and not rows[2].get("chosen")
-    assert any(note.startswith("Kept your configuration (fp32, k=4): the lowest-cost candidate, fp32, k=2, is within "
-                               "its timing noise") for note in notes)
-    assert "within the timing noise" in rows[2]["rejected_because"]
+    by_name = {row["candidate"]: row for row in rows}
+    # the fused candidate has the lowest point cost, but its interval reaches into yours: it cannot
+    # replace yours, and it no longer keeps yours either
+    assert by_name["bf16, k=4"]["chosen"] and not by_name["fp32, k=4"].get("chosen")
+    assert by_name["fp32, k=4"]["rejected_because"] == ("replaced: bf16, k=4's eq. 3 cost interval 0.618-0.695 lies "
+                                                        "wholly below yours (0.802-0.946)")
+    assert by_name["bf16, k=4, fused optimizer"]["rejected_because"] == (
+        "lower point cost than the choice (0.611 vs 0.655) but its interval 0.381-0.981 is not wholly below yours "
+        "(0.802-0.946), as the choice's is: within your configuration's timing noise")
+    assert by_name["bf16, k=1"]["rejected_because"] == ("higher eq. 3 cost (0.686 vs 0.655); within the timing noise: "
+                                                        "95 % intervals 0.641-0.733 vs 0.618-0.695 overlap")
+    assert not any(note.startswith("Kept your configuration") for note in notes)
+
+
+def test_a_tie_among_the_candidates_not_worse_than_yours_keeps_yours_and_says_so_truly():
+    rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _costed("fp32, k=4", 4, 0.871, 0.802, 0.946, yours=True),
+            _costed("bf16, k=4", 4, 0.800, 0.700, 0.900), _costed("bf16, k=4, fused optimizer", 4, 0.611, 0.381, 0.981),
+            _costed("bf16, k=8", 8, 0.990, 0.960, 1.000)]
+    notes = choose(rows, None, (1.0, 0.0, 0.0))
+    by_name = {row["candidate"]: row for row in rows}
+    assert by_name["fp32, k=4"]["chosen"]
+    # a lower cost is never called a higher one
+    assert by_name["bf16, k=4, fused optimizer"]["rejected_because"] == (
+        "lower point cost than yours (0.611 vs 0.871) but within its timing noise: intervals 0.381-0.981 vs "
+        "0.802-0.946 overlap; a tie keeps yours")
+    assert by_name["bf16, k=4"]["rejected_because"].startswith("lower point cost than yours (0.800 vs 0.871)")
+    assert by_name["bf16, k=8"]["rejected_because"].startswith("higher eq. 3 cost (0.990 vs 0.871)")
+    (kept,) = [note for note in notes if note.startswith("Kept your configuration")]
+    assert kept == ("Kept your configuration (fp32, k=4, eq. 3 cost 0.802-0.946): no candidate's cost interval lies "
+                    "wholly below it; bf16, k=4, fused optimizer (0.381-0.981); bf16, k=4 (0.700-0.900) have a lower "
+                    "point cost within its timing noise, and a tie keeps yours.")
     # without the mark, the same numbers choose the point estimate's best, as before
-    rows = [dict(row, yours=False) for row in rows]
+    rows = [measured_part(dict(row, yours=False)) for row in rows]
     choose(rows, None, (1.0, 0.0, 0.0))
-    assert rows[2]["chosen"]
-    # a candidate whose whole interval is better replaces it
-    rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _row("fp32, k=4", 4, 1.10, 1.05, 1.15, yours=True),
-            _row("fp32, k=2", 2, 1.60, 1.50, 1.70)]
-    choose(rows, None, (1.0, 0.0, 0.0))
-    assert rows[2]["chosen"] and "higher eq. 3 cost" in rows[1]["rejected_because"]
+    assert [row["candidate"] for row in rows if row.get("chosen")] == ["bf16, k=4, fused optimizer"]
+
+
+def test_every_reason_a_candidate_lost_is_true_of_its_numbers():
+    for rows in (_issue_case(), [dict(row, yours=row["candidate"] == "bf16, k=1") for row in _issue_case()]):
+        choose(rows, None, (1.0, 0.0, 0.0))
+        chosen = next(row for row in rows if row.get("chosen"))
+        for row in rows:
+            reason = row["rejected_because"] or ""
+            if row is chosen or not row["feasible"]:
+                continue
+            if row.get("yours"):  # replaced only by a candidate wholly below it
+                assert reason.startswith("replaced") and chosen["cost_ci_high"] < row["cost_ci_low"], reason
+                continue
+            assert reason.startswith("higher") == (row["cost"] > chosen["cost"]), (row["candidate"], reason)
+            assert reason.startswith("lower") == (row["cost"] < chosen["cost"]), (row["candidate"], reason)
 
 
 def test_the_callers_configuration_is_rejected_as_slower_only_on_its_whole_interval():
@@ -130,3 +188,33 @@ def test_a_base_plan_cannot_run_says_why():
              base=OptimizationConfig(adaptive=True, k=2, k_min=2, k_max=4))
     with pytest.raises(ValueError, match=r"base=.*allowed None or an OptimizationConfig"):
         plan(model, factory, _batch(), loss, loss_takes_model=True, base={"k": 2})
+
+
+def test_a_plan_with_fake_timing_replaces_a_slower_base_and_times_a_few_window_candidate_again(monkeypatch):
+    """The case the rule was made for, timed by fakes (no choice here depends on the machine): a
+    script's fp32 k=4 at about 1.15x the baseline, bf16 k=4 and k=1 at about 1.5x with narrow
+    intervals, and the fused optimizer on bf16 k=4 of the highest point speed but so noisy that its
+    interval reaches into yours."""
+    import trainopt_core.planner.space as space
+
+    monkeypatch.setattr(space, "native_reduced_precisions", lambda device: ("bf16",))
+    fake = use_fake_windows(monkeypatch, {"fp32, k=1": [10.0], "fp32, k=4": [11.0, 12.5, 11.0, 12.0, 11.5, 12.8],
+                                          "bf16, k=4": [15.0, 15.6, 15.3], "bf16, k=1": [14.2, 15.0, 14.5],
+                                          "bf16, k=4, fused optimizer": [26.0, 10.2, 16.0]})
+    model = _ReturnsLoss()
+    script = OptimizationConfig(name="script", precision="fp32", k=4, schedule="cosine", clip_norm=1.0)
+    result = plan(model, lambda m: m.configure_optimizers(weight_decay=0.1, learning_rate=1e-3), _batch(),
+                  lambda m, x, y: m(x, y)[1], loss_takes_model=True, optimizer_takes_model=True, base=script,
+                  windows=3, steps_per_window=1)
+    rows = {row["candidate"]: row for row in result.rows}
+    fused, yours = rows["bf16, k=4, fused optimizer"], rows["fp32, k=4"]
+    # the fused candidate was timed again (3 windows, then 3 more) before it decided anything
+    assert fake.timed["bf16, k=4, fused optimizer"] == fused["timed_windows"] == 6
+    assert fused["cost_ci_low"] <= yours["cost_ci_high"] and fused["cost"] < rows["bf16, k=4"]["cost"]
+    assert result.chosen["candidate"] == "bf16, k=4" and result.chosen["cost_ci_high"] < yours["cost_ci_low"]
+    assert (result.config.precision, result.config.k, result.config.schedule, result.config.clip_norm) == (
+        "bf16", 4, "cosine", 1.0)
+    assert yours["rejected_because"].startswith("replaced: bf16, k=4's eq. 3 cost interval")
+    assert fused["rejected_because"].startswith("lower point cost than the choice")
+    assert "timed again" in result.stage_s
+    assert "Against your configuration (fp32, k=4, " in result.explain()

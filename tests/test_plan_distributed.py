@@ -35,11 +35,14 @@ def plan_rank() -> dict:
     def optimizer(parameters):
         return torch.optim.AdamW(parameters, lr=1e-3)
 
-    free = trainopt_core.plan(_model(), optimizer, batch, F.cross_entropy, ks=(1,), speed_options=False)
+    # no time budget: what is measured must not depend on how busy the machine is
+    free = trainopt_core.plan(_model(), optimizer, batch, F.cross_entropy, ks=(1,), speed_options=False,
+                              time_budget_s=None)
     peaks = {r["candidate"]: r["peak_memory_bytes"] for r in free.rows}
     # between the smaller ZeRO peak and the unpartitioned one: only partitioning fits (no blocks to checkpoint)
     budget = (min(peaks["fp32, k=1, ZeRO-1"], peaks["fp32, k=1, ZeRO-2"]) + peaks["fp32, k=1"]) / 2
-    fitted = trainopt_core.plan(_model(), optimizer, batch, F.cross_entropy, ks=(1,), memory_budget_bytes=budget)
+    fitted = trainopt_core.plan(_model(), optimizer, batch, F.cross_entropy, ks=(1,), memory_budget_bytes=budget,
+                                time_budget_s=None)
     out = {"free": _rows(free), "fitted": _rows(fitted), "budget": budget, "fitted_config": fitted.config.zero_stage,
            "notes": fitted.notes}
     try:
@@ -69,7 +72,8 @@ def zero_best_rank() -> list[str]:
                                 torch.nn.Linear(16 * 6 * 6, 10))
     generator = torch.Generator().manual_seed(torch.distributed.get_rank())
     batch = (torch.randn(8, 3, 8, 8, generator=generator), torch.randint(0, 10, (8,), generator=generator))
-    result = trainopt_core.plan(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), batch, F.cross_entropy, ks=(1,))
+    result = trainopt_core.plan(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), batch, F.cross_entropy, ks=(1,),
+                                time_budget_s=None)
     return [r["candidate"] for r in result.rows if r["speedup"] is not None]
 
 
@@ -114,7 +118,7 @@ def adaptive_plan_rank(ks: tuple = (2,)) -> dict:
     x, y = _whole_batch()
     result = trainopt_core.plan(_dropout_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3),
                                 (x.chunk(WORLD)[rank], y.chunk(WORLD)[rank]), F.cross_entropy, ks=ks,
-                                adaptive_accumulation=True, k_max=6, speed_options=False)
+                                adaptive_accumulation=True, k_max=6, speed_options=False, time_budget_s=None)
     return {"config": result.config.to_dict(), "goodput": result.goodput, "explain": result.explain()}
 
 

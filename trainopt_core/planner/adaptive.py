@@ -39,7 +39,8 @@ def measure_goodput(search: Search, chosen: Candidate, *, k_max: int) -> dict:
                               loss_takes_model=search.loss_takes_model, across_processes=world > 1)
     trial = search.twin_trial(chosen) if world > 1 and chosen.k == 1 else search.trial(chosen)
     windows, steps_per_window = search.timing()
-    parts = [trial.split_step(search.device) for _ in range(windows * steps_per_window)]
+    count = search.steps_that_fit(chosen, windows * steps_per_window, least=3)  # within the time budget
+    parts = [trial.split_step(search.device) for _ in range(count)]
     if world > 1:
         micro_s = statistics.median(first for first, _, _ in parts) / (trial.candidate.k - 1)
         optimizer_s = statistics.median(boundary + last - micro_s for _, last, boundary in parts)

@@ -54,12 +54,14 @@ def over_run(row: dict, speedup: float | None, base_s: float | None, run_samples
 def measured_part(row: dict) -> dict:
     """A row without what `choose` decides (so a choice can be made again)."""
     out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None, speedup_over_run=None)
-    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality", "failed")):
+    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality", "failed", "not measured")):
         out["rejected_because"] = None
     return out
 
 
 def _cost_interval(row: dict) -> str:
+    if row.get("cost_ci_low") is None or row.get("cost_ci_high") is None:
+        return f"{row['cost']:.3f} (one window: no interval)"
     return f"{row['cost_ci_low']:.3f}-{row['cost_ci_high']:.3f}"
 
 
@@ -70,6 +72,14 @@ def cost_intervals_overlap(row: dict, best: dict) -> bool:
     return row["cost_ci_low"] <= best["cost_ci_high"] and best["cost_ci_low"] <= row["cost_ci_high"]
 
 
+def wholly_below(row: dict, other: dict) -> bool:
+    """Whether `row`'s eq. 3 cost interval lies wholly below `other`'s (a row timed in one window,
+    without an interval, counts as its point)."""
+    high = row["cost_ci_high"] if row.get("cost_ci_high") is not None else row["cost"]
+    low = other["cost_ci_low"] if other.get("cost_ci_low") is not None else other["cost"]
+    return high < low
+
+
 def baseline_row(rows) -> dict:
     return next(row for row in rows if row["candidate"] == Candidate().name)
 
@@ -78,11 +88,10 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
            run_samples: int | None = None) -> list[str]:
     """Marks the chosen row (eq. 3 among feasible timed rows with k >= `min_k`) and why each
     other measured row lost; returns notes. ValueError when no measured candidate fits the budget.
-    A row marked ``yours`` (the caller's configuration, `plan(base=...)`) is kept unless the best
-    candidate's eq. 3 cost interval lies wholly below its own: a tie keeps the caller's choice.
+    Without a row marked ``yours`` the choice is the lowest eq. 3 cost by point estimate. With one
+    (the caller's configuration, `plan(base=...)`), `keep_or_replace_yours` decides.
     With `run_samples`, a compiled row's time is its seconds per sample plus its compile seconds
     spread over the run (`speedup_over_run`): eq. 3's T is the run's time, compiling included."""
-    notes = []
     base = baseline_row(rows)
 
     def speed(row: dict, key: str = "speedup") -> float | None:
@@ -91,81 +100,18 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     for row in rows:
         if run_samples and row.get("compile_s") and row["speedup"] is not None:
             row["speedup_over_run"] = speed(row)
-    for row in rows:
-        if row["peak_memory_bytes"] is None or row["rejected_because"] or row["speedup"] is None:
-            continue
-        if budget is not None and row["peak_memory_bytes"] > budget:
-            row["rejected_because"] = f"over the budget: peak {row['peak_memory_bytes'] / 2**20:.1f} MiB"
-            continue
-        row["feasible"] = True
-    base_fits = base["feasible"]
-    for row in rows:
-        if row["feasible"] and row["k"] < min_k:
-            row["feasible"] = False
-            row["rejected_because"] = (f"adaptive accumulation is planned with k >= {min_k} micro-batches per step "
-                                       "(the baseline is the reference)")
-    feasible = [row for row in rows if row["feasible"]]
-    if not feasible:
-        smallest = min((r for r in rows if r["peak_memory_bytes"] is not None),
-                       key=lambda r: r["peak_memory_bytes"], default=None)
-        fail("memory_budget_bytes", budget, "a budget some candidate fits; the smallest measured peak was "
-             + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
-    forced_by_k = False
-    if base_fits:
-        # the caller's own configuration (plan(base=...)) is rejected as slower only when its whole
-        # interval says so: under load a point estimate below 1 is often noise
-        slower = [row for row in feasible if row is not base and speed(row) < 1.0
-                  and not (row.get("yours") and (speed(row, "speedup_ci_high") or 0.0) >= 1.0)]
-        if len(slower) == len(feasible):  # only with adaptive accumulation (the baseline is feasible otherwise)
-            fastest = max(feasible, key=speed)
-            notes.append(f"Every split with k >= {min_k} runs slower than the fp32 baseline: with adaptive "
-                         f"accumulation the plan runs at {speed(fastest):.2f}x its speed at best.")
-            slower, forced_by_k = [], True
-        for row in slower:
-            row["feasible"] = False
-            row["rejected_because"] = f"slower than the fp32 baseline ({row['speedup']:.2f}x)"
-            if row.get("speedup_over_run") is not None:
-                row["rejected_because"] = (f"slower than the fp32 baseline over the run ({row['speedup_over_run']:.2f}x: "
-                                           f"{row['speedup']:.2f}x per step, but compiling took "
-                                           f"{row['compile_s']:.1f} s, spread over {run_samples:,} samples)")
-        feasible = [row for row in feasible if row["feasible"]]
-    else:
-        notes.append("The budget rules out the fp32 baseline (peak "
-                     f"{base['peak_memory_bytes'] / 2**20:.1f} MiB): the plan may be slower than it.")
-    # time enters as 1/speedup (paired with the baseline in the same windows), energy per sample
-    with_energy = all(row["energy_j_per_sample"] is not None for row in feasible + [base])
-    reference = {"time_to_target_s": 1.0, "peak_memory_bytes": base["peak_memory_bytes"],
-                 "energy_j": base["energy_j_per_sample"] if with_energy else None}
-
-    def eq3(row: dict, speedup: float) -> float:
-        return cost(1.0 / speedup, row["peak_memory_bytes"], row["energy_j_per_sample"] if with_energy else None,
-                    baseline=reference, weights=weights)["cost"]
-
-    for row in feasible:
-        row["cost"] = eq3(row, speed(row))
-        ends = (speed(row, "speedup_ci_low"), speed(row, "speedup_ci_high"))
-        if all(end is not None and end > 0 for end in ends):  # the speedup's 95 % interval, as cost
-            row["cost_ci_low"], row["cost_ci_high"] = sorted(eq3(row, end) for end in ends)
-    best = min(feasible, key=lambda row: row["cost"])
+    feasible, base_fits = _feasible(rows, budget, min_k)
+    notes, forced_by_k = _reject_slower(feasible, base, base_fits, speed, min_k, run_samples)
+    feasible = [row for row in feasible if row["feasible"]]
+    _eq3_costs(feasible, base, weights, speed)
     yours = next((row for row in feasible if row.get("yours")), None)
-    if yours is not None and yours is not best and cost_intervals_overlap(yours, best):
-        notes.append(f"Kept your configuration ({yours['candidate']}): the lowest-cost candidate, {best['candidate']}, "
-                     f"is within its timing noise (eq. 3 cost intervals {_cost_interval(best)} vs {_cost_interval(yours)} "
-                     "overlap), and a tie keeps yours.")
-        best = yours
+    if yours is None:
+        best = min(feasible, key=lambda row: row["cost"])
+    else:
+        best = keep_or_replace_yours(feasible, yours, notes)
     best["chosen"] = True
-    within_noise = []
-    for row in feasible:
-        if row is not best:
-            row["rejected_because"] = f"higher eq. 3 cost ({row['cost']:.3f} vs {best['cost']:.3f})"
-            if cost_intervals_overlap(row, best):
-                row["rejected_because"] += (f"; within the timing noise: 95 % intervals {_cost_interval(row)} vs "
-                                            f"{_cost_interval(best)} overlap")
-                within_noise.append(row["candidate"])
-    if within_noise:
-        notes.append("Within the timing noise of the choice (eq. 3 cost intervals overlap): "
-                     f"{'; '.join(repr(name) for name in within_noise)}; a plan made again may choose one of them.")
-    if base in feasible and base is not best and base["candidate"] in within_noise:
+    notes += _why_the_others_lost(feasible, best, yours)
+    if base in feasible and base is not best and cost_intervals_overlap(base, best):
         notes.append(f"The choice's speedup interval ({speedup_interval(best)}) reaches 1x: this timing cannot tell it "
                      "from the fp32 baseline.")
     if speed(best) < 1.0 and not forced_by_k:
@@ -177,3 +123,143 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
                      "(a recompile later in the run, for a new input shape or evaluation mode, is not counted; "
                      "evaluating under torch.compiler.set_stance('force_eager') avoids one).")
     return notes
+
+
+def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str]) -> dict:
+    """The rule for the caller's configuration ("yours", `plan(base=...)`): it is replaced whenever
+    a candidate's eq. 3 cost interval lies wholly below its own -- by the lowest-cost of those --
+    and otherwise kept: every candidate not worse than yours is then within its timing noise (a
+    lower point cost inside overlapping intervals is a tie, and a tie keeps yours)."""
+    below = [row for row in feasible if row is not yours and wholly_below(row, yours)]
+    if below:
+        return min(below, key=lambda row: row["cost"])
+    tied = sorted((row for row in feasible if row is not yours and row["cost"] < yours["cost"]),
+                  key=lambda row: row["cost"])
+    if tied:
+        notes.append(f"Kept your configuration ({yours['candidate']}, eq. 3 cost {_cost_interval(yours)}): no candidate's "
+                     "cost interval lies wholly below it; "
+                     + "; ".join(f"{row['candidate']} ({_cost_interval(row)})" for row in tied)
+                     + f" {'has' if len(tied) == 1 else 'have'} a lower point cost within its timing noise, and a tie "
+                       "keeps yours.")
+    return yours
+
+
+def deciding_rows(rows: list[dict], most: int = 3) -> list[dict]:
+    """After `choose`: the rows that decide the choice -- the choice, yours (`plan(base=...)`)
+    where feasible, and up to `most` candidates that could take its place, the lowest cost first:
+    those within the choice's timing noise, and those with a lower point cost than yours within
+    yours."""
+    chosen = next(row for row in rows if row.get("chosen"))
+    yours = next((row for row in rows if row.get("yours") and row["feasible"] and row is not chosen), None)
+    contenders = sorted((row for row in rows if row["feasible"] and row is not chosen and row is not yours
+                         and (cost_intervals_overlap(row, chosen)
+                              or (yours is not None and row["cost"] < yours["cost"] and cost_intervals_overlap(row, yours)))),
+                        key=lambda row: row["cost"])
+    return [chosen] + ([yours] if yours else []) + contenders[:most]
+
+
+def _feasible(rows: list[dict], budget: float | None, min_k: int) -> tuple[list[dict], bool]:
+    """The timed rows within the budget with k >= `min_k`, marked feasible (the others say why
+    not), and whether the fp32 baseline fits the budget; ValueError naming the smallest peak when
+    no row is feasible."""
+    for row in rows:
+        if row["peak_memory_bytes"] is None or row["rejected_because"] or row["speedup"] is None:
+            continue
+        if budget is not None and row["peak_memory_bytes"] > budget:
+            row["rejected_because"] = f"over the budget: peak {row['peak_memory_bytes'] / 2**20:.1f} MiB"
+        else:
+            row["feasible"] = True
+    base_fits = baseline_row(rows)["feasible"]
+    for row in rows:
+        if row["feasible"] and row["k"] < min_k:
+            row["feasible"] = False
+            row["rejected_because"] = (f"adaptive accumulation is planned with k >= {min_k} micro-batches per step "
+                                       "(the baseline is the reference)")
+    feasible = [row for row in rows if row["feasible"]]
+    if not feasible:
+        smallest = min((r for r in rows if r["peak_memory_bytes"] is not None),
+                       key=lambda r: r["peak_memory_bytes"], default=None)
+        fail("memory_budget_bytes", budget, "a budget some candidate fits; the smallest measured peak was "
+             + ("none" if smallest is None else f"{smallest['peak_memory_bytes']} bytes ({smallest['candidate']})"))
+    return feasible, base_fits
+
+
+def _reject_slower(feasible: list[dict], base: dict, base_fits: bool, speed, min_k: int,
+                   run_samples) -> tuple[list[str], bool]:
+    """Marks infeasible what runs slower than the fp32 baseline (the caller's configuration only
+    when its whole interval does: under load a point estimate below 1 is often noise). Returns
+    notes, and whether k >= `min_k` forces a slower choice."""
+    if not base_fits:
+        return ["The budget rules out the fp32 baseline (peak "
+                f"{base['peak_memory_bytes'] / 2**20:.1f} MiB): the plan may be slower than it."], False
+    slower = [row for row in feasible if row is not base and speed(row) < 1.0
+              and not (row.get("yours") and (speed(row, "speedup_ci_high") or 0.0) >= 1.0)]
+    if len(slower) == len(feasible):  # only with adaptive accumulation (the baseline is feasible otherwise)
+        fastest = max(feasible, key=speed)
+        return [f"Every split with k >= {min_k} runs slower than the fp32 baseline: with adaptive accumulation the "
+                f"plan runs at {speed(fastest):.2f}x its speed at best."], True
+    for row in slower:
+        row["feasible"] = False
+        row["rejected_because"] = f"slower than the fp32 baseline ({_below_one(row['speedup'])})"
+        if row.get("speedup_over_run") is not None:
+            row["rejected_because"] = (f"slower than the fp32 baseline over the run ({_below_one(row['speedup_over_run'])}: "
+                                       f"{row['speedup']:.2f}x per step, but compiling took "
+                                       f"{row['compile_s']:.1f} s, spread over {run_samples:,} samples)")
+    return [], False
+
+
+def _below_one(speedup: float) -> str:
+    """A speedup below 1 in as many digits as show it below 1 (0.996 is not "1.00x")."""
+    return f"{speedup:.2f}x" if round(speedup, 2) < 1.0 else f"{speedup:.3f}x" if round(speedup, 3) < 1.0 else f"{speedup:.4f}x"
+
+
+def _eq3_costs(feasible: list[dict], base: dict, weights: tuple, speed) -> None:
+    """Eq. 3's cost of each feasible row, with an interval from its speedup's 95 % interval; time
+    enters as 1/speedup (paired with the baseline in the same windows), energy per sample."""
+    with_energy = all(row["energy_j_per_sample"] is not None for row in feasible + [base])
+    reference = {"time_to_target_s": 1.0, "peak_memory_bytes": base["peak_memory_bytes"],
+                 "energy_j": base["energy_j_per_sample"] if with_energy else None}
+
+    def eq3(row: dict, speedup: float) -> float:
+        return cost(1.0 / speedup, row["peak_memory_bytes"], row["energy_j_per_sample"] if with_energy else None,
+                    baseline=reference, weights=weights)["cost"]
+
+    for row in feasible:
+        row["cost"] = eq3(row, speed(row))
+        ends = (speed(row, "speedup_ci_low"), speed(row, "speedup_ci_high"))
+        if all(end is not None and end > 0 for end in ends):
+            row["cost_ci_low"], row["cost_ci_high"] = sorted(eq3(row, end) for end in ends)
+
+
+def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None) -> list[str]:
+    """Each feasible row but the choice gets the reason it lost, true of its numbers; returns the
+    note naming those within the choice's timing noise."""
+    within_noise = []
+    for row in feasible:
+        if row is best:
+            continue
+        noisy = cost_intervals_overlap(row, best)
+        if row is yours:
+            row["rejected_because"] = (f"replaced: {best['candidate']}'s eq. 3 cost interval {_cost_interval(best)} lies "
+                                       f"wholly below yours ({_cost_interval(row)})")
+        elif row["cost"] >= best["cost"]:
+            row["rejected_because"] = (f"{'higher' if row['cost'] > best['cost'] else 'the same'} eq. 3 cost "
+                                       f"({row['cost']:.3f} vs {best['cost']:.3f})")
+            if noisy:
+                row["rejected_because"] += (f"; within the timing noise: 95 % intervals {_cost_interval(row)} vs "
+                                            f"{_cost_interval(best)} overlap")
+        elif best is yours:
+            row["rejected_because"] = (f"lower point cost than yours ({row['cost']:.3f} vs {best['cost']:.3f}) but within "
+                                       f"its timing noise: intervals {_cost_interval(row)} vs {_cost_interval(best)} "
+                                       "overlap; a tie keeps yours")
+        else:
+            row["rejected_because"] = (f"lower point cost than the choice ({row['cost']:.3f} vs {best['cost']:.3f}) but "
+                                       f"its interval {_cost_interval(row)} is not wholly below yours "
+                                       f"({_cost_interval(yours)}), as the choice's is: within your configuration's "
+                                       "timing noise")
+        if noisy:
+            within_noise.append(row["candidate"])
+    if not within_noise:
+        return []
+    return ["Within the timing noise of the choice (eq. 3 cost intervals overlap): "
+            f"{'; '.join(repr(name) for name in within_noise)}; a plan made again may choose one of them."]

@@ -59,7 +59,8 @@ def auto_from_plan(planned: OptimizationConfig) -> OptimizationConfig:
 def plan_task(bundle, prof: TaskProfile, device: torch.device, *, progress: bool = False, **plan_options) -> Plan:
     """`plan()` on the task's model (a copy), the profile's AdamW and one training batch of the
     baseline's size: the way the reproduction trains it, over as many samples as its runs train on
-    (a compiled candidate's compile time is spread over those)."""
+    (a compiled candidate's compile time is spread over those), within the profile's planning time
+    budget (`TaskProfile.plan_time_budget_s`)."""
     batch = tuple(t for t in next(bundle.train_batches(prof.baseline_batch_size, seed=0)) if t is not None)
 
     def optimizer(parameters):
@@ -69,6 +70,7 @@ def plan_task(bundle, prof: TaskProfile, device: torch.device, *, progress: bool
         return bundle.loss(model, x, y)
 
     plan_options.setdefault("run_samples", int(prof.epochs * bundle.num_train_samples))  # as runner.run trains
+    plan_options.setdefault("time_budget_s", prof.plan_time_budget_s)
     return plan(copy.deepcopy(bundle.model).to(device), optimizer, batch, loss, loss_takes_model=True,
                 device=device, progress=progress, **plan_options)
 

@@ -18,6 +18,11 @@ from .models import MODEL_SIZES
 
 PROFILES = ("smoke", "quick", "paper", "gpu")
 TASKS = ("cifar10", "wikitext2")
+# plan()'s time budget for a task's `auto` plan, by profile (seconds): a smoke run lasts seconds and
+# a quick one about a minute, so planning keeps within ~20 s / ~60 s on a busy 2-core CPU; the GPU
+# profiles leave room for compiling the finalist. Not a TaskProfile field: a plan made under another
+# budget stays reusable, and no run record's conditions change.
+PLAN_TIME_BUDGET_S = {"smoke": 20.0, "quick": 60.0, "gpu": 120.0, "paper": 300.0}
 
 
 def table_configs() -> tuple[str, ...]:
@@ -60,6 +65,11 @@ class TaskProfile:
     # In-run checkpoints (reproduction.resume): every this many minutes of a run, so a killed
     # run resumes instead of starting over; None: none (a quick run lasts about a minute).
     checkpoint_every_minutes: float | None = None
+
+    @property
+    def plan_time_budget_s(self) -> float:
+        """plan()'s time budget for this profile's `auto` plan (`PLAN_TIME_BUDGET_S`)."""
+        return PLAN_TIME_BUDGET_S[self.profile]
 
     @property
     def quality_name(self) -> str:
