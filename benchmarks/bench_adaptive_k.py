@@ -1,36 +1,46 @@
-"""Benchmark: adaptive k against fixed k at equal samples, on a run of a third-party script's kind.
+"""Benchmark: adaptive k against fixed k at equal samples, on two models of a third-party script's kind.
 
-The model and data are examples/char_gpt_model.py's (a 4-block, 128-wide character-level GPT;
-stand-in text: the characters of Python's argparse.py). Every configuration trains on the same
-micro-batches in the same order for the same number of samples (sequences), fp32, AdamW, warmup
-+ cosine over samples with clipping, and is scored on the whole validation split at the end:
+The model is examples/char_gpt_model.py's (a 4-block, 128-wide character-level GPT), in two
+settings, each on a stand-in text (Python source that ships with Python; no named corpus):
 
-    fixed       k = 4 micro-batches per optimizer step
-    calibrated  adaptive k in [2, 8] from 4, k_rule "noise_scale" (sigma_target calibrated at the
-                first significant estimate so that k = 4 there; k then follows the noise scale's
-                growth), the LR not scaled: the defaults before "critical_batch"
-    critical    adaptive k in [2, 8] from 4, k_rule "critical_batch" (k·b follows the noise scale
-                B_simple itself: k grows only while the effective batch is below it), the LR not
-                scaled (lr_scaling=False)
-    critical_scaled  the defaults: the same with linear LR scaling (eq. 11: the LR × B_eff / B_base,
-                lr_scaling's default with adaptive k) from the starting batch (k = 4: the LR given
-                is the starting batch's), so a larger batch also takes a larger step
-    critical_scaled_kmin  the same, lr_scaling=True: scaled from k_min's batch (k = 2), as the
-                optimized preset reads eq. 11, so it starts at twice the LR given
-    fixed_lr2x  fixed k = 4 at twice the LR (scaled from a batch of 2 micro-batches): the control
-                for critical_scaled_kmin's higher LR
+    b64_argparse  block 64, on the characters of argparse.py (char_gpt.py's own text): the setting
+                  of docs/adopting.md's earlier table. A run reads its 89,694 training characters
+                  4.6 times over.
+    b128_stdlib   block 128, char_gpt.py's model at the size a user adopted it at, on the first
+                  2,000,000 ASCII characters of the standard library's top-level modules (sorted by
+                  name): a run reads 0.46 of its 1.8 M training characters, none twice on average.
 
-Quality is deterministic for a seed on one machine; it is compared per seed (paired with fixed k)
-and over seeds (mean and 95 % t-interval of the paired difference). Seconds are printed for
-information only (one run each, not interleaved).
+Every run trains on the same sequences in the same order for the same number of samples (6,432
+sequences: char_gpt.py's 201 iterations of 8 x 4), fp32, AdamW at LR 1e-3 (weight decay 0.1),
+warmup + cosine to 1e-4 over samples, clipping at 1.0, and is scored on the whole validation
+split at the end. The arms (micro-batches of 8 sequences unless said):
 
-    python benchmarks/bench_adaptive_k.py [--samples 6432] [--seeds 3] [--json FILE]
+    fixed           k = 4
+    adaptive        the defaults: k in [2, 8] from 4, k_rule "critical_batch" (k·b follows the
+                    measured noise scale B_simple), the LR following the batch from the starting
+                    one (lr_scaling=None: × k / 4)
+    adaptive_fixed_lr  the same with the LR not scaled (lr_scaling=False)
+    adaptive_kmin_lr   the same with the LR scaled from k_min's batch (lr_scaling=True: × k / 2,
+                    twice the LR given at the start)
+    fixed_lr2x      fixed k = 4 at twice the LR: the control for adaptive_kmin_lr's higher LR
+    small_kmin      micro-batches of 1 sequence, k in [2, 64] from 32, the defaults otherwise: the
+                    same effective batches at the top, but k_min's batch (2 sequences) near the
+                    noise scale a run starts at, so k can follow B_simple from the first steps
+
+Validation loss at equal samples is deterministic for a seed on one machine (the machine's load
+does not change it); each arm is compared with fixed k per seed and over seeds (mean and 95 %
+t-interval of the paired difference). Seconds are printed for information only. Runs go to
+`--workers` processes of one thread each.
+
+    python benchmarks/bench_adaptive_k.py [--models b64_argparse,b128_stdlib] [--seeds 3] [--workers 2]
+                                          [--out benchmarks/results/adaptive_k]
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import json
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -38,6 +48,7 @@ from pathlib import Path
 import torch
 
 from trainopt_core import OptimizationConfig, prepare
+from trainopt_core.measure.manifest import run_manifest
 from trainopt_core.measure.stats import summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -45,15 +56,35 @@ from char_gpt_model import CharGPT, load_text  # noqa: E402
 
 print = functools.partial(print, flush=True)  # noqa: A001
 
-ADAPTIVE = dict(adaptive=True, k=4, k_min=2, k_max=8)
-CONFIGS = {
-    "fixed": OptimizationConfig(name="fixed", k=4),
-    "calibrated": OptimizationConfig(name="calibrated", k_rule="noise_scale", lr_scaling=False, **ADAPTIVE),
-    "critical": OptimizationConfig(name="critical", k_rule="critical_batch", lr_scaling=False, **ADAPTIVE),
-    "critical_scaled": OptimizationConfig(name="critical_scaled", **ADAPTIVE),  # the defaults
-    "critical_scaled_kmin": OptimizationConfig(name="critical_scaled_kmin", lr_scaling=True, **ADAPTIVE),
-    "fixed_lr2x": OptimizationConfig(name="fixed_lr2x", k=4, lr_scaling=True),  # base batch: 2 micro-batches
+SAMPLES = 6432  # sequences per run: 201 steps of 8 x 4
+BATCH = 32  # sequences of fixed k's effective batch
+LR, MIN_LR = 1e-3, 1e-4
+MODELS = {  # (block size, text, the arms run by default)
+    "b64_argparse": (64, "argparse", ("fixed", "adaptive", "adaptive_fixed_lr", "adaptive_kmin_lr", "fixed_lr2x")),
+    "b128_stdlib": (128, "stdlib", ("fixed", "adaptive", "small_kmin")),
 }
+STDLIB_CHARACTERS = 2_000_000
+ADAPTIVE = dict(adaptive=True, k=4, k_min=2, k_max=8)
+ARMS = {  # name: (configuration, sequences per micro-batch)
+    "fixed": (OptimizationConfig(name="fixed", k=4), 8),
+    "adaptive": (OptimizationConfig(name="adaptive", **ADAPTIVE), 8),
+    "adaptive_fixed_lr": (OptimizationConfig(name="adaptive_fixed_lr", lr_scaling=False, **ADAPTIVE), 8),
+    "adaptive_kmin_lr": (OptimizationConfig(name="adaptive_kmin_lr", lr_scaling=True, **ADAPTIVE), 8),
+    "fixed_lr2x": (OptimizationConfig(name="fixed_lr2x", k=4, lr_scaling=True, base_batch_size=16), 8),
+    "small_kmin": (OptimizationConfig(name="small_kmin", adaptive=True, k=32, k_min=2, k_max=64), 1),
+}
+
+
+def stdlib_text() -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(train ids, val ids, vocabulary size): the first STDLIB_CHARACTERS ASCII characters of the
+    standard library's top-level modules, in name order, 90 % / 10 %."""
+    files = sorted(Path(argparse.__file__).parent.glob("*.py"))
+    text = "".join(path.read_text(encoding="utf-8") for path in files).encode("ascii", "ignore").decode()
+    text = text[:STDLIB_CHARACTERS]
+    index = {c: i for i, c in enumerate(sorted(set(text)))}
+    ids = torch.tensor([index[c] for c in text], dtype=torch.long)
+    cut = int(0.9 * len(ids))
+    return ids[:cut], ids[cut:], len(index)
 
 
 def val_loss(model: torch.nn.Module, val: torch.Tensor, block: int) -> float:
@@ -68,72 +99,122 @@ def val_loss(model: torch.nn.Module, val: torch.Tensor, block: int) -> float:
     return float(sum(losses) / len(x))
 
 
-def train(name: str, seed: int, args) -> dict:
-    train_data, val_data, vocab = load_text()
+def train(model_name: str, arm: str, seed: int, samples: int = SAMPLES) -> dict:
+    """One run: the arm's configuration on the model, `samples` sequences, scored at the end."""
+    torch.set_num_threads(1)
+    block, text, _ = MODELS[model_name]
+    config, micro = ARMS[arm]
+    train_data, val_data, vocab = load_text() if text == "argparse" else stdlib_text()
     torch.manual_seed(seed)
-    model = CharGPT(vocab, args.block_size)
-    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95))
-    config = CONFIGS[name].replace(schedule="cosine", clip_norm=1.0)
-    if name == "fixed_lr2x":
-        config = config.replace(base_batch_size=2 * args.micro_batch)
-    engine = prepare(model, optimizer, config, micro_batch_size=args.micro_batch, total_samples=args.samples,
-                     warmup_samples=args.samples // 10, min_lr=1e-4)
-    generator = torch.Generator().manual_seed(10_000 + seed)  # the same micro-batches, in order, for every config
-    ks, started = [], time.perf_counter()
+    model = CharGPT(vocab, block)
+    optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=LR, betas=(0.9, 0.95))
+    engine = prepare(model, optimizer, config.replace(schedule="cosine", clip_norm=1.0), micro_batch_size=micro,
+                     total_samples=samples, warmup_samples=samples // 10, min_lr=MIN_LR)
+    generator = torch.Generator().manual_seed(10_000 + seed)  # the same sequences, in order, for every arm
+    ks, lrs, noise, started = [], [], [], time.perf_counter()
     while not engine.done():
         for _ in engine.micro_steps():
-            ix = torch.randint(len(train_data) - args.block_size, (args.micro_batch,), generator=generator)
-            x = torch.stack([train_data[i:i + args.block_size] for i in ix])
-            y = torch.stack([train_data[i + 1:i + 1 + args.block_size] for i in ix])
+            ix = torch.randint(len(train_data) - block, (micro,), generator=generator)
+            x = torch.stack([train_data[i:i + block] for i in ix])
+            y = torch.stack([train_data[i + 1:i + 1 + block] for i in ix])
             with engine.autocast():
                 _, loss = model(x, y)
             engine.backward(loss, num_items=y.numel())
             engine.step()
-        ks.append(engine.stats()["last_effective_batch_samples"] // args.micro_batch)
+        stats = engine.stats()
+        ks.append(stats["last_effective_batch_samples"] // micro)
+        lrs.append(stats["last_lr"])
+        noise.append(stats["b_simple_items"] if stats["noise_significant"] else None)
     seconds = time.perf_counter() - started
-    stats = engine.stats()
-    return {"config": name, "seed": seed, "val_loss": val_loss(model, val_data, args.block_size),
-            "optimizer_steps": engine.optimizer_steps, "samples": engine.samples_consumed, "ks": ks,
-            "mean_k": sum(ks) / len(ks), "k_max_reached_at_step": next((i for i, k in enumerate(ks) if k == 8), None),
-            "b_simple_tokens_at_end": stats["b_simple_items"], "seconds": seconds}
+    first_noise = next((b for b in noise if b is not None), None)
+    return {"model": model_name, "arm": arm, "seed": seed, "block": block, "micro_batch": micro,
+            "val_loss": val_loss(model, val_data, block), "optimizer_steps": engine.optimizer_steps,
+            "samples": engine.samples_consumed, "ks": ks, "lrs": lrs, "b_simple_tokens": noise,
+            "mean_batch_sequences": engine.samples_consumed / engine.optimizer_steps,
+            "b_simple_tokens_first": first_noise, "b_simple_tokens_end": noise[-1], "seconds": seconds}
+
+
+def _train(job: tuple[str, str, int, int]) -> dict:
+    return train(*job)
+
+
+def _range(values, spec: str = ",.0f") -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}-{high}"
+
+
+def _difference(own: list[dict], fixed: dict) -> str:
+    diff = summarize([run["val_loss"] - fixed[run["seed"]] for run in own])
+    interval = "" if diff["ci_low"] is None else f" [{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}]"
+    return f"{diff['mean']:+.3f}{interval}"
+
+
+def summary_lines(runs: list[dict], models: list[str], arms: list[str] | None, samples: int) -> list[str]:
+    """A markdown table per model: each arm's validation loss at `samples` sequences, minus fixed
+    k's paired by seed (mean and 95 % t-interval over seeds), its optimizer steps, the steps it
+    spent at k_min and the noise scale it measured."""
+    lines = [f"At {samples:,} sequences each, the whole validation split's loss; each arm minus fixed k's, paired "
+             "by seed (mean [95 % t-interval over seeds]); ranges over seeds."]
+    for model in models:
+        mine = [run for run in runs if run["model"] == model]
+        fixed = {run["seed"]: run["val_loss"] for run in mine if run["arm"] == "fixed"}
+        lines += ["", f"{model}: block {MODELS[model][0]}, text {MODELS[model][1]}",
+                  "| arm | loss (mean) | minus fixed k's | optimizer steps | steps at k_min | B_simple, first significant "
+                  "-> end (tokens) |", "|---|---|---|---|---|---|"]
+        for arm in arms or MODELS[model][2]:
+            own = sorted((run for run in mine if run["arm"] == arm), key=lambda run: run["seed"])
+            config = ARMS[arm][0]
+            at_k_min = _range([sum(k == config.k_min for k in run["ks"]) for run in own]) if config.adaptive else "-"
+            noise = (f"{_range([run['b_simple_tokens_first'] for run in own])} -> "
+                     f"{_range([run['b_simple_tokens_end'] for run in own])}" if config.adaptive else "-")
+            lines.append(f"| {arm} | {summarize([run['val_loss'] for run in own])['mean']:.3f} | "
+                         f"{'-' if arm == 'fixed' else _difference(own, fixed)} | "
+                         f"{_range([run['optimizer_steps'] for run in own])} | {at_k_min} | {noise} |")
+    return lines
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=6432, help="sequences each run trains on (201 steps of 32)")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--arms", default=None, help=f"comma-separated subset of {','.join(ARMS)} (default: each "
+                        "model's own, MODELS)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
-    parser.add_argument("--micro-batch", type=int, default=8, help="sequences per micro-batch")
-    parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--json", default=None, help="write every run's result here")
+    parser.add_argument("--samples", type=int, default=SAMPLES, help="sequences each run trains on")
+    parser.add_argument("--workers", type=int, default=2, help="processes (one thread each)")
+    parser.add_argument("--out", default=None, help="write OUT.json (every run) and OUT.txt (the summary)")
     args = parser.parse_args(argv)
-    names = args.configs.split(",")
-    for name in names:
-        if name not in CONFIGS:
-            parser.error(f"--configs: {name!r} is invalid: allowed {', '.join(CONFIGS)}")
-    if "fixed" not in names:
-        parser.error("--configs must include 'fixed': the others are compared with it")
-    runs = []
-    for seed in range(args.seeds):
+    models, arms = args.models.split(","), None if args.arms is None else args.arms.split(",")
+    for flag, names, allowed in (("--models", models, MODELS), ("--arms", arms or [], ARMS)):
         for name in names:
-            runs.append(train(name, seed, args))
-            run = runs[-1]
-            print(f"seed {seed} {name:10s} val loss {run['val_loss']:.4f}  steps {run['optimizer_steps']:3d}  "
-                  f"mean k {run['mean_k']:.2f}  k=8 from step {run['k_max_reached_at_step']}  "
-                  f"B_simple {run['b_simple_tokens_at_end'] or float('nan'):.0f} tokens  {run['seconds']:.0f} s")
-            if args.json:
-                Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "runs": runs}, indent=1))
-    fixed = {run["seed"]: run["val_loss"] for run in runs if run["config"] == "fixed"}
-    print(f"\nAt {args.samples:,} sequences each, the whole validation split's loss, minus fixed k's (paired by seed):")
-    for name in names:
-        own = [run for run in runs if run["config"] == name]
-        losses = summarize([run["val_loss"] for run in own])
-        per_seed = ", ".join(f"{run['val_loss']:.4f}" for run in own)
-        line = f"  {name:10s} {losses['mean']:.4f} (seeds {per_seed})"
-        if name != "fixed":
-            diff = summarize([run["val_loss"] - fixed[run["seed"]] for run in own])
-            line += f"  difference {diff['mean']:+.4f} [{diff['ci_low']:+.4f}, {diff['ci_high']:+.4f}]"
-        print(line + f"  steps {sorted({run['optimizer_steps'] for run in own})}")
+            if name not in allowed:
+                parser.error(f"{flag}: {name!r} is invalid: allowed {', '.join(allowed)}")
+    if arms is not None and "fixed" not in arms:
+        parser.error("--arms must include 'fixed': the others are compared with it")
+    manifest = run_manifest(profile="bench_adaptive_k", device="cpu", command=" ".join(["python", *sys.argv]))
+    jobs = [(model, arm, seed, args.samples) for seed in range(args.seeds) for model in models
+            for arm in arms or MODELS[model][2]]
+    runs, started = [], time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        for run in pool.imap_unordered(_train, jobs):
+            runs.append(run)
+            print(f"{run['model']} seed {run['seed']} {run['arm']:18s} val loss {run['val_loss']:.4f}  steps "
+                  f"{run['optimizer_steps']:4d}  B_simple first {run['b_simple_tokens_first'] or float('nan'):,.0f} "
+                  f"end {run['b_simple_tokens_end'] or float('nan'):,.0f} tokens  {run['seconds']:.0f} s")
+    lines = summary_lines(runs, models, arms, args.samples)
+    wall_s, hardware = time.perf_counter() - started, manifest["hardware"]
+    lines += ["", f"Wall time {wall_s:,.0f} s on {args.workers} worker(s) of one thread; commit "
+              f"{manifest['git']['commit']} (tracked files changed: {manifest['git']['dirty']}); {hardware['cpu_model']} "
+              f"({hardware['cpu_id']}, {hardware['cpu_isa']}, {hardware['cpu_logical_cores']} logical cores); "
+              f"{manifest['command']}"]
+    print("\n" + "\n".join(lines))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out + ".json").write_text(json.dumps({"manifest": manifest, "samples": args.samples, "wall_s": wall_s, "runs": runs},
+                                                       indent=1))
+        Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -13,6 +13,7 @@ import trainopt_core.measure.manifest as manifest
 from trainopt_core import OptimizationConfig, prepare
 from trainopt_core import precision as mp
 from trainopt_core.checkpointing import checkpoint_plan
+from test_adoption import _reference_lr
 
 
 def _mlp() -> nn.Module:
@@ -105,6 +106,100 @@ def test_a_checkpoint_saved_before_adoption_continues_on_schedule_with_start_at(
         engine.start_at(steps=-1)
     with pytest.raises(ValueError, match=r"steps=None is invalid: allowed an integer >= 0"):
         engine.start_at(steps=None)
+
+
+def _pre_adoption_checkpoint(iters: int, *, scheduler: bool = False) -> dict:
+    """A script's own checkpoint from before adopting trainopt: its loop sets the LR of each
+    iteration by hand (or through a torch LambdaLR), steps AdamW, and saves model, optimizer and
+    iter_num -- the optimizer's param groups then carry the decayed LR of its last iteration."""
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=PEAK)
+    lambda_lr = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: reference_lr(it) / PEAK) if scheduler else None
+    for it, (x, y) in zip(range(iters), _batches()):
+        if lambda_lr is None:
+            for group in optimizer.param_groups:
+                group["lr"] = reference_lr(it)
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if lambda_lr is not None:
+            lambda_lr.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iters}
+
+
+PEAK = 0.1
+
+
+def reference_lr(it: int) -> float:
+    return _reference_lr(it, learning_rate=PEAK, warmup_iters=3, lr_decay_iters=10, min_lr=0.01)
+
+
+def _batches():
+    generator = torch.Generator().manual_seed(3)
+    return [(torch.randn(4, 8, generator=generator), torch.randint(0, 2, (4,), generator=generator)) for _ in range(20)]
+
+
+def _adopted_with_the_optimizer_loaded_first(saved: dict):
+    """The resumed script as such scripts are written: the optimizer built with the peak LR, its
+    state loaded, and only then prepare()."""
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=PEAK)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    engine = prepare(model, optimizer, COSINE.replace(k=1), micro_batch_size=4, **SCHEDULE)
+    return model, optimizer, engine
+
+
+def test_a_checkpoint_saved_before_adoption_resumes_at_the_schedules_lr_not_the_decayed_one_it_carries():
+    saved = _pre_adoption_checkpoint(6)
+    assert saved["optimizer"]["param_groups"][0]["lr"] == reference_lr(5) < PEAK  # decayed, no 'initial_lr'
+    model, optimizer, engine = _adopted_with_the_optimizer_loaded_first(saved)
+    # the LR it was built with is lost: no guess, an error naming what to pass
+    with pytest.raises(ValueError, match=r"lr=None is invalid: allowed the LR the optimizer was built with, e\.g\. "
+                                         r"engine\.start_at\(steps=iter_num, lr=learning_rate\).*loaded before prepare"):
+        engine.start_at(steps=saved["iter_num"])
+    engine.start_at(steps=saved["iter_num"], lr=PEAK)
+    assert engine.next_lr == pytest.approx(reference_lr(6), rel=1e-12)
+    used = _train(model, engine, 10)  # every later step on the script's own schedule
+    assert used == pytest.approx([reference_lr(it) for it in range(6, 10)], rel=1e-12)
+    assert optimizer.param_groups[0]["initial_lr"] == PEAK  # a checkpoint of the optimizer now carries it
+    with pytest.raises(ValueError, match=r"lr=-1.0 is invalid: allowed a finite LR > 0"):
+        engine.start_at(steps=6, lr=-1.0)
+    # placed by neither: the first step's warning names lr= too
+    model, _, engine = _adopted_with_the_optimizer_loaded_first(saved)
+    with pytest.warns(UserWarning, match=r"engine\.start_at\(steps=iter_num, lr=learning_rate\) with the LR the "
+                                         r"optimizer was built with"):
+        _train(model, engine, 1)
+
+
+def test_a_checkpoint_whose_optimizer_a_torch_scheduler_drove_resumes_without_naming_the_lr():
+    saved = _pre_adoption_checkpoint(6, scheduler=True)
+    assert saved["optimizer"]["param_groups"][0]["initial_lr"] == PEAK  # what torch's schedulers leave
+    model, _, engine = _adopted_with_the_optimizer_loaded_first(saved)
+    engine.start_at(steps=saved["iter_num"])
+    assert _train(model, engine, 10) == pytest.approx([reference_lr(it) for it in range(6, 10)], rel=1e-12)
+
+
+def test_the_engines_own_restore_sets_the_schedules_lr_whatever_lr_the_loaded_optimizer_carries():
+    model = _mlp()
+    engine = prepare(model, torch.optim.AdamW(model.parameters(), lr=PEAK), COSINE, micro_batch_size=4, **SCHEDULE)
+    whole = _train(model, engine, 8)
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=PEAK)
+    engine = prepare(model, optimizer, COSINE, micro_batch_size=4, **SCHEDULE)
+    _train(model, engine, 4)
+    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "engine": engine.state_dict()}
+    for group in saved["optimizer"]["param_groups"]:  # as a hand-edited or foreign optimizer state might be
+        group.pop("initial_lr")
+        group["lr"] = 0.05
+    model = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=PEAK)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    engine = prepare(model, optimizer, COSINE, micro_batch_size=4, **SCHEDULE)
+    engine.load_state_dict(saved["engine"])
+    assert engine.base_lrs == [PEAK] and engine.lr == whole[3]
+    assert _train(model, engine, 8) == whole[4:]  # min_lr's fraction of the peak too, bit for bit
 
 
 # ---------------------------------------------------------------- precision

@@ -29,7 +29,8 @@ from ._caller import warn_at_caller
 from ._errors import fail
 from .accumulation import GradientNoiseMonitor, NoiseEstimate, gather_noise_inputs, next_k
 from .config import OptimizationConfig
-from .schedule import clip_gradients, make_schedule, remember_base_lrs, set_lr
+from .schedule import (clip_gradients, lrs_may_be_a_checkpoints, make_schedule, remember_base_lrs,
+                       scaled_base_lrs, set_lr)
 
 ENGINE_STATE_FORMAT = "trainopt-engine-state/1"
 
@@ -76,11 +77,17 @@ class TrainingEngine:
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
 
         base_batch = config.base_batch_size or micro_batch_size * config.lr_batch_splits * world_size
-        self.base_lrs = remember_base_lrs(optimizer)
         # over samples (eqs. 10-11 as the paper states them) or, given total_steps, over optimizer steps
-        self.schedule = make_schedule(config, base_batch_size=base_batch, base_lr=self.base_lrs[0],
-                                      total_samples=total_samples, total_steps=total_steps,
-                                      warmup_steps=warmup_steps, warmup_samples=warmup_samples, min_lr=min_lr)
+        self._schedule_args = dict(base_batch_size=base_batch, total_samples=total_samples, total_steps=total_steps,
+                                   warmup_steps=warmup_steps, warmup_samples=warmup_samples, min_lr=min_lr)
+        # a state loaded into the optimizer before prepare() replaced the LR it was built with by its own
+        self._base_lrs_unknown = lrs_may_be_a_checkpoints(optimizer)
+        if (self._base_lrs_unknown and config.schedule != "constant" and min_lr is not None
+                and min_lr > optimizer.param_groups[0]["lr"]):
+            fail("min_lr", min_lr, f"an LR up to the optimizer's ({optimizer.param_groups[0]['lr']:.3g}), which is a "
+                 "checkpoint's: its state was loaded before prepare(); load it after prepare(), then "
+                 "engine.start_at(steps=iter_num)")
+        self._use_base_lrs(remember_base_lrs(optimizer))
         self.total_samples, self.total_steps = total_samples, total_steps
         self.scaler = mp.make_grad_scaler(self.device, config)
         self.monitor = GradientNoiseMonitor(self.parameters, window=config.noise_window) if config.adaptive else None
@@ -347,26 +354,57 @@ class TrainingEngine:
             f"its gradients were finite), {consecutive} consecutive step(s) skipped; allowed at most "
             f"OptimizationConfig.max_nonfinite_steps={self.config.max_nonfinite_steps} in a row. {mp.NON_FINITE_CAUSES}.")
 
-    def start_at(self, *, steps: int, samples: int | None = None) -> None:
+    def start_at(self, *, steps: int, samples: int | None = None, lr: float | list[float] | None = None) -> None:
         """Place a run resumed from a checkpoint that holds no engine state (one saved before
         adopting trainopt, which knows only its iteration number): the next optimizer step is
         step `steps` (counted from 0, so a script's ``iter_num``), with `samples` samples
         (sequences, images) consumed before it -- default ``steps`` × the effective batch in
-        samples. The LR schedule, `done()` and `every()` go on from there. Call it after loading
-        the model and optimizer, before the first backward."""
+        samples. The LR schedule, `done()` and `every()` go on from there: the next step's LR is
+        the schedule's at that step, whatever LR the loaded optimizer carries. Call it after
+        loading the model and optimizer, before the first backward.
+
+        `lr`: the LR the optimizer was built with, which the schedule multiplies (the first
+        group's; the other groups keep their ratio to it), or a list, one per group. Needed only
+        when the optimizer's state was loaded before prepare(): its LR is then the checkpoint's
+        (decayed), and without the 'initial_lr' that torch's LR schedulers record, the one it was
+        built with is lost; start_at() then refuses to guess and names `lr`."""
         for name, value in (("steps", steps), ("samples", samples)):
             if (value is not None or name == "steps") and (isinstance(value, bool) or not isinstance(value, int)
                                                            or value < 0):
                 raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 0")
+        base_lrs = self._given_base_lrs(lr)
         if self._micro_index:
             raise RuntimeError(f"engine.start_at() after {self._micro_index} of {self.k} micro-batches: allowed only "
                                "between optimizer steps, before the first backward of the resumed run")
+        if base_lrs is not None:
+            self._use_base_lrs(base_lrs)
+            self._base_lrs_unknown = False
         self.optimizer_steps = steps
         self.samples_consumed = steps * self.effective_batch_size if samples is None else samples
         self._apply_lr(self.samples_consumed + self.effective_batch_size, self.effective_batch_size)
         self._position_restored = True
 
     # ------------------------------------------------------------------ internals
+    def _given_base_lrs(self, lr) -> list[float] | None:
+        """start_at()'s `lr` as one base LR per parameter group (None: keep the engine's)."""
+        if lr is not None:
+            return scaled_base_lrs(lr, self.base_lrs)
+        if self._base_lrs_unknown:
+            fail("lr", None, f"the LR the optimizer was built with, e.g. engine.start_at(steps=iter_num, "
+                 f"lr=learning_rate): its state was loaded before prepare(), so the LR it holds "
+                 f"({self.base_lrs[0]:.3g}) is the checkpoint's, not the one the schedule decays from "
+                 "(or load the optimizer's state after prepare(), which keeps the one it was built with)")
+        return None
+
+    def _use_base_lrs(self, base_lrs: list[float]) -> None:
+        """The LRs the schedule multiplies (η_base of eqs. 10-11), one per group; the schedule is
+        rebuilt on them (a `min_lr` is a fraction of the first) and each group records its own as
+        'initial_lr', so a checkpoint of the optimizer carries it."""
+        self.schedule = make_schedule(self.config, base_lr=base_lrs[0], **self._schedule_args)
+        self.base_lrs = list(base_lrs)
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["initial_lr"] = base_lr
+
     def _resumed_without_position(self) -> bool:
         """At the first step: resumed state (`_holds_resumed_state`), but nothing placed the engine's run."""
         return self.optimizer_steps == 0 and not self._position_restored and self._holds_resumed_state()
@@ -375,11 +413,14 @@ class TrainingEngine:
         return bool(self.optimizer.state)
 
     def _warn_resumed_without_position(self) -> None:
+        start_at = ("engine.start_at(steps=iter_num, lr=learning_rate) with the LR the optimizer was built with (its "
+                    "state, loaded before prepare(), holds the checkpoint's)" if self._base_lrs_unknown
+                    else "engine.start_at(steps=iter_num)")
         warn_at_caller(
             f"the optimizer holds state ({len(self.optimizer.state)} parameters' moments: a resumed optimizer?) but "
             "the engine starts at step 0: its LR schedule restarts its warmup and its sample count from 0. Resume "
             "the engine too: save engine.state_dict() in your checkpoint and call engine.load_state_dict() before "
-            "the first step, or -- for a checkpoint saved before adopting trainopt -- engine.start_at(steps=iter_num).")
+            f"the first step, or -- for a checkpoint saved before adopting trainopt -- {start_at}.")
 
     def _note_loss(self, loss: torch.Tensor) -> None:
         """Keeps, on the device, whether this step's micro-batch losses were all finite."""
@@ -557,7 +598,8 @@ class TrainingEngine:
         self.consecutive_skipped_steps = state["consecutive_skipped_steps"]
         self.consecutive_nonfinite_losses = state.get("consecutive_nonfinite_losses", 0)  # states saved before it
         self.effective_batch_size = state["effective_batch_size"]
-        self.base_lrs = list(state["base_lrs"])
+        self._base_lrs_unknown = False
+        self._use_base_lrs(list(state["base_lrs"]))  # whatever LR the optimizer holds
         self._lr_multiplier = state["lr_multiplier"]
         set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
         self._grad_norm = None if state["grad_norm"] is None else torch.tensor(state["grad_norm"])

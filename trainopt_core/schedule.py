@@ -124,8 +124,13 @@ def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples
     over optimizer steps. One vocabulary for both: the horizon (`total_samples` | `total_steps`),
     the warmup in the same unit (`warmup_samples` | `warmup_steps`; default: the configuration's
     warmup_fraction of the horizon) and `min_lr`, the LR value the cosine ends at (default: the
-    configuration's min_lr_ratio × the first group's base LR)."""
-    if total_samples is None and total_steps is None and config.schedule == "constant" and not (warmup_steps or warmup_samples):
+    configuration's min_lr_ratio × the first group's base LR).
+
+    schedule='constant' is the base LR at every step, as a script's ``decay_lr = False`` is: it
+    takes the same arguments as the cosine (so one prepare() call serves both) and its shape
+    reads none of the warmup and min_lr, as that script's loop leaves them unread; the horizon,
+    where given, still ends `done()`."""
+    if total_samples is None and total_steps is None and config.schedule == "constant":
         # a constant LR has no horizon to state; decay_steps is never read by its shape
         return StepLRSchedule(decay_steps=1, kind="constant", lr_scaling=config.scales_lr,
                               base_batch_size=base_batch_size)
@@ -146,14 +151,12 @@ def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples
                 raise ValueError(f"warmup_samples={warmup_samples!r} is invalid: allowed an integer in [0, total_samples) "
                                  f"= [0, {total_samples})")
             fraction = warmup_samples / total_samples
-        _constant_takes_no_shape(config, warmup_samples, min_lr, "warmup_samples")
         return LRSchedule(total_samples=total_samples, kind=config.schedule, warmup_fraction=fraction,
                           min_lr_ratio=_min_lr_ratio(config, min_lr, base_lr), lr_scaling=config.scales_lr,
                           base_batch_size=base_batch_size)
     if warmup_samples is not None:
         raise ValueError(f"warmup_samples={warmup_samples!r} is invalid with total_steps: allowed warmup_steps "
                          "(the warmup in the horizon's unit), or total_samples with warmup_samples")
-    _constant_takes_no_shape(config, warmup_steps, min_lr, "warmup_steps")
     if warmup_steps is None:
         warmup_steps = int(round(config.warmup_fraction * total_steps)) if isinstance(total_steps, int) else 0
     ratio = _min_lr_ratio(config, min_lr, base_lr)
@@ -161,15 +164,10 @@ def make_schedule(config, *, base_batch_size: int, base_lr: float, total_samples
                           lr_scaling=config.scales_lr, base_batch_size=base_batch_size)
 
 
-def _constant_takes_no_shape(config, warmup, min_lr, warmup_name: str) -> None:
-    if config.schedule == "constant" and (warmup or min_lr is not None):
-        raise ValueError(f"{warmup_name}={warmup!r}, min_lr={min_lr!r} are invalid with "
-                         "OptimizationConfig.schedule='constant': allowed with schedule='cosine'")
-
-
 def _min_lr_ratio(config, min_lr: float | None, base_lr: float) -> float:
-    """`min_lr` (an LR value) as a fraction of the base LR; default the configuration's min_lr_ratio."""
-    if min_lr is None:
+    """`min_lr` (an LR value) as a fraction of the base LR; default the configuration's min_lr_ratio
+    (a constant schedule, which never decays to it, reads neither)."""
+    if min_lr is None or config.schedule == "constant":
         return config.min_lr_ratio
     if not 0.0 <= min_lr <= base_lr:
         raise ValueError(f"min_lr={min_lr!r} is invalid: allowed an LR in [0, base LR = {base_lr!r}]")
@@ -181,6 +179,26 @@ def remember_base_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     return [group["initial_lr"] for group in optimizer.param_groups]
+
+
+def lrs_may_be_a_checkpoints(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's LRs may be a loaded checkpoint's rather than the ones it was built
+    with: it holds state (loaded, or stepped before) and not every group records its
+    'initial_lr' (torch's LR schedulers and `remember_base_lrs` do; a state_dict carries it)."""
+    return bool(optimizer.state) and not all("initial_lr" in group for group in optimizer.param_groups)
+
+
+def scaled_base_lrs(lr: float | list[float], base_lrs: list[float]) -> list[float]:
+    """Base LRs from a given `lr`: one per group, or the first group's, the others keeping their
+    ratio to it in `base_lrs`."""
+    values = list(lr) if isinstance(lr, (list, tuple)) else [lr]
+    if len(values) not in (1, len(base_lrs)) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"lr={lr!r} is invalid: allowed a finite LR > 0 (the first parameter group's), or a list "
+                         f"of {len(base_lrs)}, one per group")
+    if len(values) == len(base_lrs):
+        return [float(v) for v in values]
+    return [base * values[0] / base_lrs[0] for base in base_lrs]
 
 
 def set_lr(optimizer: torch.optim.Optimizer, base_lrs: list[float], multiplier: float) -> None:

@@ -81,6 +81,24 @@ class Plan:
                    stage_s=dict(values.get("stage_s") or {}), world_size=values.get("world_size", 1),
                    device=values.get("device"))
 
+    def split_for(self, batch_size: int, accumulation_steps: int = 1) -> tuple[int, int]:
+        """(micro_batch_size, k): the plan's split applied to a script that trains on micro-batches
+        of `batch_size` samples, `accumulation_steps` of them per optimizer step -- the effective
+        batch plan() was given, now split as the plan chose (k from `config`: the starting k when
+        k adapts, whose micro-batches are the effective batch over k_min). Assign them to the
+        training loop's own names; an evaluation batch that reads the script's `batch_size` is
+        left as it was:
+
+            micro_batch_size, k = result.split_for(batch_size, gradient_accumulation_steps)"""
+        for name, value in (("batch_size", batch_size), ("accumulation_steps", accumulation_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail(name, value, "an integer >= 1")
+        effective, splits = batch_size * accumulation_steps, self.config.batch_splits
+        if effective % splits:
+            fail("batch_size", batch_size, f"one whose effective batch ({batch_size} x {accumulation_steps}) the "
+                 f"plan's {splits} micro-batches divide: the batch given to plan() (its first dimension)")
+        return effective // splits, self.config.k
+
     def rechoose(self, *, memory_budget_bytes: float | None = None, weights: Sequence[float] | None = None) -> "Plan":
         """The same measurements chosen again under another budget and/or weights (nothing is
         run). Candidates this plan did not measure stay unmeasured: with a tighter budget,
