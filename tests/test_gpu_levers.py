@@ -398,9 +398,13 @@ def math_kernel_offered(monkeypatch):
 def test_plan_times_a_forced_attention_kernel_only_for_a_model_that_calls_sdpa(math_kernel_offered):
     result = plan(_Attention(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2,
                   steps_per_window=1)
-    forced = [row for row in result.rows if row["sdpa_backend"] == "math"]
-    assert [row["candidate"] for row in forced] == ["fp32, k=1, math attention"]
-    assert forced[0]["speedup"] is not None and forced[0]["speedup_ci_low"] is not None
+    # the kernel alone on the best; with another option that helped (the fused optimizer, if its
+    # timing said so) it is tried again in their combination
+    forced = {row["candidate"]: row for row in result.rows if row["sdpa_backend"] == "math"}
+    assert "fp32, k=1, math attention" in forced
+    assert set(forced) <= {"fp32, k=1, math attention", "fp32, k=1, fused optimizer, math attention"}
+    alone = forced["fp32, k=1, math attention"]
+    assert alone["speedup"] is not None and alone["speedup_ci_low"] is not None
     result = plan(_model(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2, steps_per_window=1)
     assert not any(row["sdpa_backend"] != "auto" for row in result.rows)
 
