@@ -100,8 +100,12 @@ def test_every_reason_a_candidate_lost_is_true_of_its_numbers():
 def test_the_callers_configuration_is_rejected_as_slower_only_on_its_whole_interval():
     # under load: a point estimate of 0.8x whose interval spans 0.08-4.7x
     rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _row("fp32, k=4", 4, 0.80, 0.08, 4.7, yours=True)]
-    choose(rows, None, (1.0, 0.0, 0.0))
+    notes = choose(rows, None, (1.0, 0.0, 0.0))
     assert rows[1]["chosen"]  # kept: the baseline is within its noise
+    # and said as such: no memory budget forced it
+    assert not any("budget forces" in note for note in notes)
+    assert any(note.startswith("Your configuration runs at 0.80x the fp32 baseline's speed by its point estimate")
+               for note in notes)
     rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _row("fp32, k=4", 4, 0.80, 0.70, 0.90, yours=True)]
     choose(rows, None, (1.0, 0.0, 0.0))
     assert rows[0]["chosen"] and rows[1]["rejected_because"].startswith("slower than the fp32 baseline")
