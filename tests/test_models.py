@@ -274,6 +274,36 @@ def test_padded_logits_never_enter_the_loss():
     torch.testing.assert_close(after.logits, before.logits)
 
 
+def test_the_one_call_loss_and_the_chunked_loss_give_the_same_loss_and_gradients():
+    """CompactGPT2's default loss (one F.cross_entropy, the padded columns -inf) and the chunked
+    one (loss_chunk_tokens) are the same function: same loss, same gradients, and the padded
+    vocabulary rows get none."""
+    import dataclasses
+
+    from trainopt_core.reproduction.gpt2 import CompactGPT2
+
+    torch.manual_seed(0)
+    model = models.gpt2_model(n_layer=1, n_embd=16, n_head=2, vocab_size=100, n_positions=8)
+    chunked = CompactGPT2(dataclasses.replace(model.config, loss_chunk_tokens=5))
+    chunked.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 100, (3, 8))
+    tokens[1, 4] = -100  # a label that is not predicted
+    inputs = tokens.clamp(min=0)
+    results = []
+    for each in (model.eval(), chunked.eval()):
+        loss = each(inputs, labels=tokens).loss
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad for name, p in each.named_parameters()}))
+    assert model.config.loss_chunk_tokens is None
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(grad, results[1][1][name], msg=name)
+    assert results[0][1]["transformer.wte.weight"][100:].abs().max() == 0.0
+    assert "vocab_padding" not in model.state_dict()  # not a weight: GPT2LMHeadModel's weights load as they are
+    with pytest.raises(ValueError, match="loss_chunk_tokens"):
+        dataclasses.replace(model.config, loss_chunk_tokens=0)
+
+
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 16, 10_000])
 def test_the_chunked_loss_is_the_mean_cross_entropy_of_the_next_token(chunk_tokens):
     from trainopt_core.reproduction.gpt2 import next_token_loss

@@ -10,10 +10,13 @@ a minimal PyTorch GPT-2 is written:
 - the LM head's vocabulary padded to a multiple of 64 (50,257 -> 50,304), a shape the matmul
   kernels tile well; the padded rows start at zero and their logits are cut off before the loss,
   so they never get a gradient and the model computes exactly the unpadded one;
-- the loss in chunks of the sequence: each chunk's logits are upcast to fp32 for the
-  cross-entropy, as HF does, and its softmax is recomputed in backward, so the fp32 logits of
-  the whole batch never exist at once (32 x 1,024 x 50,257 in fp32 is 6.1 GiB; HF keeps them,
-  and a second fp32 copy for the softmax's backward).
+- the loss as plain PyTorch computes it: one `F.cross_entropy` over the logits upcast to fp32
+  (as HF does). The padded columns' logits are -inf (a bias that is not a parameter), so they
+  take no probability and get no gradient. Where memory is short, `loss_chunk_tokens=N`
+  computes the same loss over chunks of about N tokens, recomputing each chunk's fp32 softmax
+  in backward, so the fp32 logits of the whole batch never exist at once (32 x 1,024 x 50,257
+  in fp32 is 6.1 GiB) -- at a cost in speed: on one H100 at the paper's sizes the task's bf16
+  step ran at 0.76x the minimal GPT-2's with chunks of 4,096 tokens.
 
 `transformers.GPT2LMHeadModel` ran the task before: on one H100 at the paper's sizes it trained
 at 0.38x the tokens/s of a minimal plain-PyTorch GPT-2 (134.7k vs 358.6k tok/s, bf16). Weights
@@ -33,9 +36,10 @@ from .._errors import fail as _fail
 
 # What identifies this implementation in a run record's conditions (`records.run_conditions`):
 # a record made with another GPT-2 implementation is measured again, not reused.
-MODEL_VERSION = "trainopt-compact-gpt2/1"
+MODEL_VERSION = "trainopt-compact-gpt2/2"
 IGNORE_INDEX = -100  # a label that is not predicted (HF's convention)
-# tokens per chunk of the loss: at GPT-2's 50,257 outputs one chunk's fp32 logits are 0.8 GiB
+# tokens per chunk of the chunked loss (`loss_chunk_tokens`): at GPT-2's 50,257 outputs one
+# chunk's fp32 logits are 0.8 GiB
 LOSS_CHUNK_TOKENS = 4096
 # HF's Conv1D layers: their weights are stored (in, out), nn.Linear's (out, in)
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -56,6 +60,9 @@ class CompactGPT2Config:
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
     vocab_multiple: int = 64  # the LM head's rows are padded to a multiple of this
+    # None: the loss in one F.cross_entropy over fp32 logits, as plain PyTorch; N: in chunks of about N
+    # tokens, the whole batch's fp32 logits never held at once (`next_token_loss`)
+    loss_chunk_tokens: int | None = None
     n_inner = None  # the MLP is 4 x n_embd wide, as GPT2Config's n_inner=None
 
     def __post_init__(self):
@@ -65,6 +72,9 @@ class CompactGPT2Config:
                 _fail(name, value, "an integer >= 1")
         if self.n_embd % self.n_head:
             _fail("n_head", self.n_head, f"a divisor of n_embd ({self.n_embd})")
+        if self.loss_chunk_tokens is not None and (not isinstance(self.loss_chunk_tokens, int)
+                                                   or self.loss_chunk_tokens < 1):
+            _fail("loss_chunk_tokens", self.loss_chunk_tokens, "None (one cross-entropy) or an integer >= 1")
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 _fail(name, getattr(self, name), "a number in [0, 1)")
@@ -135,6 +145,11 @@ class CompactGPT2(nn.Module):
             h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
             ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
         ))
+        # the LM head's bias: 0 for the vocabulary, -inf for the padded columns (not a parameter,
+        # not in the state dict), so a padded column takes no probability and gets no gradient
+        padding = torch.zeros(config.padded_vocab_size)
+        padding[config.vocab_size:] = float("-inf")
+        self.register_buffer("vocab_padding", padding, persistent=False)
         self.reset_parameters()
 
     @property
@@ -167,18 +182,23 @@ class CompactGPT2(nn.Module):
         x = self.transformer.drop(self.transformer.wte(input_ids) + self.transformer.wpe(positions))
         for block in self.transformer.h:
             x = block(x)
-        logits = F.linear(self.transformer.ln_f(x), self.transformer.wte.weight)  # (batch, T, padded vocabulary)
-        loss = None if labels is None else next_token_loss(logits, labels, self.config.vocab_size)
+        # (batch, T, padded vocabulary), the padded columns -inf
+        logits = F.linear(self.transformer.ln_f(x), self.transformer.wte.weight, self.vocab_padding)
+        loss = None if labels is None else next_token_loss(logits, labels, self.config.vocab_size,
+                                                           self.config.loss_chunk_tokens)
         return GPT2Output(loss=loss, logits=logits[..., :self.config.vocab_size])
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
-                    chunk_tokens: int = LOSS_CHUNK_TOKENS) -> torch.Tensor:
+                    chunk_tokens: int | None = LOSS_CHUNK_TOKENS) -> torch.Tensor:
     """Mean cross-entropy of position t's logits against label t+1, over the labels that are not
-    -100 (GPT2LMHeadModel's loss). Only the first `vocab_size` columns of `logits` enter it (the
-    rest are padding, their gradient 0). Computed in fp32 over chunks of about `chunk_tokens`
-    tokens; for backward only `logits` is kept (`_ChunkedCrossEntropy`)."""
+    -100 (GPT2LMHeadModel's loss), in fp32. `chunk_tokens=None`: one `F.cross_entropy` over all
+    columns of `logits` (the padded ones must be -inf, as CompactGPT2's are). Otherwise only the
+    first `vocab_size` columns enter it (the rest get gradient 0), over chunks of about
+    `chunk_tokens` tokens; for backward only `logits` is kept (`_ChunkedCrossEntropy`)."""
     targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # the last position predicts nothing
+    if chunk_tokens is None:
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
     per_chunk = max(1, chunk_tokens // logits.shape[0])
     if torch.is_grad_enabled() and logits.requires_grad:
         return _ChunkedCrossEntropy.apply(logits, targets, vocab_size, per_chunk)
