@@ -60,10 +60,11 @@ from trainopt_core.reporting.gpu_campaign import (compile_break_even, goals, pla
                                                    summary_markdown)
 
 CONFIGS = ("baseline", "optimized", "auto")
-# what a stage costs on one H100 at the gpu profile's sizes (seconds, from the campaign's own
-# estimates; the budget check uses them to leave a stage for the resuming call)
-STAGE_COST_S = {"tests": 40, "runs:cifar10": 120, "runs:wikitext2": 150, "reference": 100, "plan:cifar10": 120,
-                "loops": 60, "plan:wikitext2": 150, "profile:cifar10": 20, "profile:wikitext2": 25}
+# what a stage costs on one H100 at the gpu profile's sizes, in seconds: the longest each took in
+# two campaigns on an H100 80GB on 2026-11-27 (reports/gpu/nvidia-h100/), plus about a fifth; the
+# budget check uses them to leave a stage for the resuming call
+STAGE_COST_S = {"tests": 25, "runs:cifar10": 100, "runs:wikitext2": 125, "reference": 130, "plan:cifar10": 80,
+                "loops": 25, "plan:wikitext2": 100, "profile:cifar10": 10, "profile:wikitext2": 15}
 STAGES = ("tests", "runs:cifar10", "runs:wikitext2", "reference", "plan:cifar10", "loops", "plan:wikitext2",
           "profile:cifar10", "profile:wikitext2")
 REFERENCE = "benchmarks/gpt2_reference.py"  # the minimal plain-PyTorch GPT-2 the task is measured against
