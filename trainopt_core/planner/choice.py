@@ -114,13 +114,14 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     if base in feasible and base is not best and cost_intervals_overlap(base, best):
         notes.append(f"The choice's speedup interval ({speedup_interval(best)}) reaches 1x: this timing cannot tell it "
                      "from the fp32 baseline.")
-    if speed(best) < 1.0 and not forced_by_k and not base_fits:
-        notes.append(f"The chosen configuration runs at {speed(best):.2f}x the fp32 baseline's speed: "
-                     "the budget forces it.")
-    elif speed(best) < 1.0 and not forced_by_k:  # yours, kept: slower only by its point estimate
-        notes.append(f"Your configuration runs at {speed(best):.2f}x the fp32 baseline's speed by its point estimate, "
-                     f"but its interval ({speedup_interval(best)}) reaches 1x: a configuration of yours is rejected as "
-                     "slower only when its whole interval is.")
+    if speed(best) < 1.0 and not forced_by_k:
+        if not base_fits:
+            notes.append(f"The chosen configuration runs at {speed(best):.2f}x the fp32 baseline's speed: "
+                         "the budget forces it.")
+        else:  # yours, kept: slower only by its point estimate
+            notes.append(f"Your configuration runs at {speed(best):.2f}x the fp32 baseline's speed by its point "
+                         f"estimate, but its interval ({speedup_interval(best)}) reaches 1x: a configuration of yours is "
+                         "rejected as slower only when its whole interval is.")
     if best.get("speedup_over_run") is not None:
         notes.append(f"The choice compiles: {best['speedup']:.2f}x the baseline per step, {best['speedup_over_run']:.2f}x "
                      f"over the run's {run_samples:,} samples with compiling's {best['compile_s']:.1f} s "
