@@ -92,17 +92,3 @@ def test_the_run_command_line_names_a_device_it_cannot_use(device, message, caps
     assert message in capsys.readouterr().err
 
 
-def test_deepspeed_on_a_cpu_says_it_compiles_its_op_before_the_first_step(tmp_path, monkeypatch):
-    pytest.importorskip("deepspeed")
-    import torch.utils.cpp_extension as cpp_extension
-
-    from trainopt_core.distributed import deepspeed_engine
-
-    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path / name))
-    notice = deepspeed_engine.jit_build_notice(torch.device("cpu"))
-    assert notice.startswith("[trainopt] DeepSpeed on the CPU: compiling its deepspeed_shm_comm op with gcc")
-    assert str(tmp_path / "deepspeed_shm_comm") in notice
-    (tmp_path / "deepspeed_shm_comm").mkdir()
-    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
-    assert deepspeed_engine.jit_build_notice(torch.device("cpu")) is None  # built once: nothing to say
-    assert deepspeed_engine.jit_build_notice(torch.device("cuda")) is None

@@ -12,9 +12,10 @@
 The configuration becomes a DeepSpeed config (`ds_config.deepspeed_config`): micro-batch size, k as
 gradient_accumulation_steps, fp16 dynamic loss scaling or bf16, clipping τ (eq. 12) and the ZeRO
 stage; the user's optimizer is wrapped (ZeRO-1 partitions its state, ZeRO-2 also the gradients).
-On CPU DeepSpeed runs with DS_ACCELERATOR=cpu over gloo; its first use JIT-compiles a small
-shared-memory communication op with the C++ compiler (about a minute, cached afterwards in
-TORCH_EXTENSIONS_DIR).
+On CPU DeepSpeed runs with DS_ACCELERATOR=cpu over gloo. Its CPU backend would compile a
+shared-memory all-reduce with gcc when it starts (a minute or more the first time, a load in every
+process after); only DeepSpeed's inference all-reduce uses it, so it is left out (`_skip_cpu_op`):
+training reduces through torch.distributed either way.
 
 The accumulation boundary is ours, not DeepSpeed's: DeepSpeed counts micro-steps itself and
 steps when (micro_steps + 1) % gradient_accumulation_steps == 0, which stops matching the
@@ -37,8 +38,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-from pathlib import Path
 
 import torch
 
@@ -50,22 +49,17 @@ from ..schedule import clip_gradients
 from .ds_config import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_config, zero_partitioning
 from .process_group import cleanup, find_free_port
 
-CPU_OP = "deepspeed_shm_comm"  # the op DeepSpeed's CPU accelerator compiles with gcc on first use
-_noticed = False
+CPU_OP = "deepspeed_shm_comm"  # the op DeepSpeed's CPU backend would compile with gcc when it starts
 
 
-def jit_build_notice(device: torch.device) -> str | None:
-    """What to say before DeepSpeed's first use on a CPU when its op is not built yet (the build
-    takes a minute or more with no message of its own), else None."""
-    if device.type != "cpu":
-        return None
-    from torch.utils.cpp_extension import _get_build_directory
+def _skip_cpu_op() -> None:
+    """Marks DeepSpeed's shared-memory all-reduce op unusable, so that its CPU backend starts
+    without compiling or loading it. The op serves only `inference_all_reduce`; gradients are
+    reduced through torch.distributed with or without it. `deepspeed.ops.__compatible_ops__` is
+    the table the backend consults, probed once per process and kept for such edits."""
+    import deepspeed.ops
 
-    built = Path(_get_build_directory(CPU_OP, verbose=False)) / f"{CPU_OP}.so"
-    if built.is_file():
-        return None
-    return (f"[trainopt] DeepSpeed on the CPU: compiling its {CPU_OP} op with gcc before the first step (a minute "
-            f"or more, once; kept in {built.parent})")
+    deepspeed.ops.__compatible_ops__[CPU_OP] = False
 
 
 def _import_deepspeed(device: torch.device):
@@ -78,6 +72,8 @@ def _import_deepspeed(device: torch.device):
         from deepspeed.accelerator import get_accelerator
     except ImportError as err:
         raise ImportError("backend='deepspeed' needs DeepSpeed: pip install 'trainopt[deepspeed]'") from err
+    if device.type == "cpu":
+        _skip_cpu_op()
     accelerator = get_accelerator()
     if accelerator.device_name() != device.type:
         raise ValueError(
@@ -145,11 +141,6 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             zero = self.ds_config["zero_optimization"]
             if "reduce_bucket_size" in zero:
                 self.zero_bucket_sizes = {key: zero[key] for key in ("reduce_bucket_size", "allgather_bucket_size")}
-            global _noticed
-            notice = None if _noticed else jit_build_notice(self.device)
-            if notice:
-                print(notice, file=sys.stderr, flush=True)
-                _noticed = True
             self.ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.ds_config)
             self.batch_norm_stats_cast = _match_batch_norm_stats_to_weights(model)
             self.model = self.ds_engine
