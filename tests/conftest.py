@@ -1,12 +1,19 @@
+import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 # One intra-op thread: tests start subprocesses (ranks, notebooks) that share the 2 cores.
 torch.set_num_threads(1)
+# Under pytest-xdist (run_tests.sh starts one worker per core) the processes a test starts compute
+# on one thread too: two OpenMP pools spinning on one core slow both many times over.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -76,3 +83,55 @@ def run_deepspeed_script():
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
     return run
+
+
+# ----------------------------------------------------------------------------- runs several tests read
+SMOKE_CONFIGS = ("baseline", "optimized", "auto")
+
+
+@pytest.fixture(scope="session")
+def smoke_reports(tmp_path_factory):
+    """A reports folder whose smoke/ holds seed 0 of baseline, optimized and `auto` for both tasks
+    on the stand-in data, with `auto`'s plans: trained (and planned) once per test session. The
+    notebook, browser and runner tests read these same runs, each from a copy of its own
+    (`copy_smoke_runs`); the notebooks reuse them as a resumed reproduction does."""
+    from trainopt_core.reproduction import runner
+
+    root = tmp_path_factory.mktemp("smoke_reports")
+    for task in ("cifar10", "wikitext2"):
+        for config in SMOKE_CONFIGS:
+            runner.run(task, config, profile="smoke", seed=0, out_dir=root / "smoke" / "runs", data_policy="standin",
+                       progress=False)
+    return root
+
+
+def copy_smoke_runs(smoke_reports, reports_dir, tasks=("cifar10", "wikitext2"), configs=SMOKE_CONFIGS,
+                    plans=True) -> Path:
+    """`smoke_reports`' run records of `tasks` x `configs` (and, with `plans`, the tasks' plans)
+    copied into `reports_dir`/smoke/; returns its runs folder. A copy, so that a test may change
+    its records without touching another test's."""
+    source, target = Path(smoke_reports) / "smoke", Path(reports_dir) / "smoke"
+    (target / "runs" / "curves").mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        for record in (source / "runs").glob(f"{task}__*.json"):
+            if json.loads(record.read_text())["config_name"] in configs:
+                shutil.copy(record, target / "runs" / record.name)
+        for curve in (source / "runs" / "curves").glob(f"{task}__*.json"):  # the checkpointed runs' curves
+            shutil.copy(curve, target / "runs" / "curves" / curve.name)
+        plan = source / "plans" / f"plan__{task}.json"
+        if plans and plan.is_file():
+            (target / "plans").mkdir(exist_ok=True)
+            shutil.copy(plan, target / "plans" / plan.name)
+    return target / "runs"
+
+
+# ----------------------------------------------------------------------------- order
+LONGEST_FIRST = ("test_notebooks.py", "test_run_resume.py", "test_plan_distributed.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that take longest start first (the notebooks' executions, the killed and resumed
+    runs): with one worker per core (run_tests.sh) the other files fill the other core meanwhile,
+    instead of one core running them alone at the end. Within a file the order stays."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

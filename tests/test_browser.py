@@ -29,6 +29,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import copy_smoke_runs
 from trainopt_core.distributed import find_free_port
 
 REQUIRED = os.environ.get("TRAINOPT_REQUIRE_BROWSER") == "1"  # .ci/run: fail, never skip
@@ -64,7 +65,7 @@ def _copy_notebook(name: str, folder: Path, reports: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def lab(tmp_path_factory, smoke_reports):
     """`scripts/explore.sh` in a temporary checkout (the script and the notebooks), serving on
     127.0.0.1; (url, token, its lab/ folder, the checkout)."""
     checkout = tmp_path_factory.mktemp("checkout")
@@ -75,12 +76,10 @@ def lab(tmp_path_factory):
     for name in ("01_main_results.ipynb", "explorer.ipynb"):
         _copy_notebook(name, checkout / "notebooks", reports)
     folder = checkout / "lab"
-    # the runs the explorer reads (notebook 01 reuses them), so either test can run alone
-    from trainopt_core.reproduction import runner
-
-    for config in ("baseline", "optimized", "auto"):  # auto: its plan, which the explorer re-chooses from
-        runner.run("wikitext2", config, profile="smoke", seed=0, out_dir=reports / "smoke" / "runs",
-                   data_policy="standin", progress=False)
+    # the runs the explorer reads (notebook 01 reuses them), so either test can run alone: the
+    # session's shared smoke runs of baseline, optimized and auto (with its plan, which the
+    # explorer re-chooses from)
+    copy_smoke_runs(smoke_reports, reports, tasks=("wikitext2",))
     settings = checkout / "user-settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     # every cell in the page (no virtual scrolling), so each output can be checked; no news pop-up

@@ -16,6 +16,8 @@ import nbformat
 import pandas as pd
 import pytest
 
+from conftest import copy_smoke_runs
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
 NOTEBOOKS = ["01_main_results.ipynb", "02_ablation.ipynb", "03_scaling.ipynb", "04_error_analysis.ipynb",
@@ -172,15 +174,20 @@ def execute_notebook(source, target, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    """Every notebook executed in order with papermill, smoke profile, into a temporary reports/."""
+def executed(tmp_path_factory, smoke_reports):
+    """Every notebook executed in order with papermill, smoke profile, stand-in data, into a
+    temporary reports/ that starts with the session's shared smoke runs (baseline, optimized and
+    `auto` of both tasks, and the plans): the notebooks reuse them, as a resumed reproduction does,
+    and train, plan and time the rest."""
     root = tmp_path_factory.mktemp("reports_root")
     reports_dir, out_dir = root / "reports", root / "executed"
     out_dir.mkdir()
+    copy_smoke_runs(smoke_reports, reports_dir)
     paths = {}
     for name in NOTEBOOKS:
         execute_notebook(NOTEBOOK_DIR / name, out_dir / name, kernel_name="python3", cwd=str(NOTEBOOK_DIR),
-                         parameters=dict(profile="smoke", seeds=1, reports_dir=str(reports_dir)))
+                         parameters=dict(profile="smoke", seeds=1, reports_dir=str(reports_dir),
+                                         data_policy="standin"))
         paths[name] = out_dir / name
     return dict(notebooks=paths, reports=reports_dir)
 

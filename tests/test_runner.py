@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from conftest import copy_smoke_runs
 from trainopt_core import measure
 from trainopt_core.reproduction import records as run_records
 from trainopt_core.reproduction import runner
@@ -33,13 +34,14 @@ def retrain(*args, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def smoke_records(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
+def smoke_records(tmp_path_factory, smoke_reports):
+    """The baseline and optimized smoke runs of both tasks (the session's, trained once by
+    `runner.run`), in a folder of this module's own; the records as `runner.run` returns them."""
+    out = copy_smoke_runs(smoke_reports, tmp_path_factory.mktemp("reports"), configs=("baseline", "optimized"))
     records = {}
-    for task in ("cifar10", "wikitext2"):
-        for config in ("baseline", "optimized"):
-            records[task, config] = runner.run(task, config, profile="smoke", seed=0, out_dir=out,
-                                               data_policy="standin", progress=False)
+    for record in out.glob("*.json"):
+        record = json.loads(record.read_text())
+        records[record["task"], record["config_name"]] = record
     return out, records
 
 
