@@ -16,13 +16,13 @@ PY
 }
 
 # pip install "$@" at the releases the tests passed with (constraints.txt); where those cannot be
-# installed (another Python, another platform), the newest releases pyproject.toml allows
-# --no-compile: pip would byte-compile all ~19,000 modules of the environment up front; Python
-# compiles (and caches) the ~3,000 that a reproduction or test process imports, on first use, instead
+# installed (another Python, another platform), the newest releases pyproject.toml allows.
+# pip byte-compiles what it installs (not --no-compile): where PYTHONDONTWRITEBYTECODE is set, Python
+# caches nothing itself, and every process would compile torch's modules again (6 s more per process)
 _trainopt_pip_install() {
-    python -m pip install -q -c "$_trainopt_pins" --no-compile "$@" >&2 && return 0
+    python -m pip install -q -c "$_trainopt_pins" "$@" >&2 && return 0
     echo "[trainopt] the pinned releases in constraints.txt do not install here; installing the newest releases pyproject.toml allows (the tests passed with the pinned ones)" >&2
-    python -m pip install -q --no-compile "$@" >&2
+    python -m pip install -q "$@" >&2
 }
 
 if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] || ! _trainopt_ready; then
