@@ -411,3 +411,15 @@ def test_the_explorers_default_view_draws_a_curve_for_its_runs_from_the_tables_t
     out = capsys.readouterr().out
     assert "none with these settings; the nearest measured is 'baseline', which differs in k: 1 measured, 4 selected" \
         in out
+
+
+def test_the_nearest_measured_run_that_asked_for_reduced_precision_but_ran_fp32_says_so():
+    from trainopt_core.reproduction.runner import REDUCED_PRECISION_OFF
+
+    opt = make_record(config="optimized", precision="fp32")
+    opt["config"] = OptimizationConfig.optimized().replace(precision="fp32").to_dict()
+    opt["notes"] = [f"{REDUCED_PRECISION_OFF}: this CPU has no bf16 instructions"]
+    name, differ = explorer.nearest_measured([opt], "cifar10", OptimizationConfig.optimized().replace(precision="fp32"))
+    # before: "precision: 'fp32' measured, 'fp32' selected"
+    assert (name, differ) == ("optimized", ["precision: reduced precision asked, 'fp32' ran (no bf16 instructions), "
+                                            "'fp32' selected"])

@@ -143,7 +143,10 @@ def nearest_measured(records: list[dict], task: str, config: OptimizationConfig)
         differ = [f"{field}: {measured.get(field)!r} measured, {wanted[field]!r} selected"
                   for field in _MATCH_FIELDS if measured.get(field) != wanted[field]]
         if asked_for_reduced_precision(record) != (config.precision != "fp32"):
-            differ.append(f"precision: {record['config'].get('precision')!r} measured, {config.precision!r} selected")
+            ran = record["config"].get("precision")
+            measured_precision = (f"{ran!r} measured" if ran != "fp32" else
+                                  "reduced precision asked, 'fp32' ran (no bf16 instructions)")
+            differ.append(f"precision: {measured_precision}, {config.precision!r} selected")
         if best is None or len(differ) < len(best[1]):
             best = (record["config_name"], differ)
     return best
