@@ -105,11 +105,10 @@ def smoke_reports(tmp_path_factory):
     return root
 
 
-def copy_smoke_runs(smoke_reports, reports_dir, tasks=("cifar10", "wikitext2"), configs=SMOKE_CONFIGS,
-                    plans=True) -> Path:
-    """`smoke_reports`' run records of `tasks` x `configs` (and, with `plans`, the tasks' plans)
-    copied into `reports_dir`/smoke/; returns its runs folder. A copy, so that a test may change
-    its records without touching another test's."""
+def copy_smoke_runs(smoke_reports, reports_dir, tasks=("cifar10", "wikitext2"), configs=SMOKE_CONFIGS) -> Path:
+    """`smoke_reports`' run records of `tasks` x `configs`, with the tasks' plans, copied into
+    `reports_dir`/smoke/; returns its runs folder. A copy, so that a test may change its records
+    without touching another test's."""
     source, target = Path(smoke_reports) / "smoke", Path(reports_dir) / "smoke"
     (target / "runs" / "curves").mkdir(parents=True, exist_ok=True)
     for task in tasks:
@@ -119,7 +118,7 @@ def copy_smoke_runs(smoke_reports, reports_dir, tasks=("cifar10", "wikitext2"), 
         for curve in (source / "runs" / "curves").glob(f"{task}__*.json"):  # the checkpointed runs' curves
             shutil.copy(curve, target / "runs" / "curves" / curve.name)
         plan = source / "plans" / f"plan__{task}.json"
-        if plans and plan.is_file():
+        if plan.is_file():
             (target / "plans").mkdir(exist_ok=True)
             shutil.copy(plan, target / "plans" / plan.name)
     return target / "runs"
