@@ -94,7 +94,7 @@ batch *on this machine* and chooses by eq. 3 (time only, no memory budget); `aut
 optimized configuration's LR schedule and clipping. The paper claims nothing for it, so it has
 no verdict: it shows what the same components deliver when chosen by measurement.
 
-How each quantity is measured (SPEC §4): *throughput* counts training items per second of
+How each quantity is measured ([docs/verdicts.md](../docs/verdicts.md) has the rule): *throughput* counts training items per second of
 training time, from every configuration of Tables I-III timed side by side in one process
 (interleaved windows A, B, C, ..., A, B, C, ...; warm-up steps and evaluation excluded);
 *peak memory* is the training step's peak (CUDA's allocator, or on CPU the peak of live tensors
@@ -174,7 +174,8 @@ and its change vs the baseline (paired like the optimized one's).
 
 Evaluation quality against training time (evaluation excluded): each configuration's mean over
 its seeds (perplexity's geometric mean) with the 95 % band across them, each seed thin beneath; the
-dashed black line is the profile's target. Time to target is where a seed's curve first crosses it.
+dashed black line is the profile's target. A dashed curve is placed by its timed speed (the note
+below the axes says why). Time to target is where a seed's curve first crosses the target.
 """),
     code('''for task in tasks:
     display(publish_figure(figures.quality_curves(records, task), paths, table_name("curves", task)))''', IGNORE),
@@ -240,9 +241,10 @@ machine: notebook 1 shows the plan), then leave-one-out (each removes one compon
 ## Where the memory goes along the ladder
 
 Memory by category at the tracked training step (parameters, gradients, optimizer state,
-activations, temporaries); the black line is the measured peak. Eq. 8 predicts activations to
-shrink with the micro-batch, eq. 17 weights/gradients with precision, eq. 19 activations with
-checkpointing.
+activations, temporaries); the black line is the measured peak, and each bar names the precision
+it ran (a mixed-precision rung that ran fp32 computes what the rung before it does). Eq. 8 predicts
+activations to shrink with the micro-batch, eq. 17 weights/gradients with precision, eq. 19
+activations with checkpointing.
 """),
     code('''for task in tasks:
     display(publish_figure(figures.memory_breakdown_bars(records, task, configs=ladder + ["optimized"]),
@@ -412,7 +414,7 @@ publish_table(pd.DataFrame(rows), paths, "eq21_decomposition", "Eq. 21 decomposi
 Variance-aware accumulation (eqs. 6-7) estimates the micro-batch gradient variance σ² and the
 gradient's |G|² each step, pools the last few steps, and acts only when the pooled |G|² is
 significantly positive (its 95 % interval above zero); otherwise k is held and the step says so
-(hollow markers). The default rule follows the gradient-noise scale B_simple = tr(Σ) / |G|²
+(hollow markers). The figure draws one line per seed. The default rule follows the gradient-noise scale B_simple = tr(Σ) / |G|²
 (eq. 6 with a relative σ_target, calibrated so the first significant estimate keeps the starting
 k): the larger the noise relative to the signal, the larger the effective batch that still makes
 progress per sample. The table gives k, B_simple and the share of significant estimates per

@@ -283,6 +283,16 @@ def test_explorer_finds_a_mixed_precision_run_that_a_cpu_without_bf16_ran_in_fp3
     assert explorer.find_measured([plain, mixed], "cifar10", off) == [plain]
 
 
+def test_the_explorer_defaults_to_the_precision_the_optimized_runs_ran_fp32_included():
+    fp32 = make_record(config="optimized")
+    fp32["config"] = OptimizationConfig.optimized().replace(precision="fp32").to_dict()  # a CPU without bf16
+    bf16 = make_record(config="optimized", precision="bf16")
+    bf16["config"] = OptimizationConfig.optimized().replace(precision="bf16").to_dict()
+    assert explorer.precision_that_ran([fp32], "cifar10") == "fp32"  # not eq. 17's fp16, which never ran
+    assert explorer.precision_that_ran([fp32, bf16], "cifar10") == "bf16"
+    assert explorer.precision_that_ran([make_record(config="baseline")], "cifar10") == "fp16"  # the paper's
+
+
 def test_explore_says_why_each_measurement_differs_from_the_prediction():
     base = make_record(config="baseline", breakdown={"parameters": 4000.0, "gradients": 10.0, "optimizer_state": 8000.0,
                                                      "activations": 800.0, "temporaries": 50.0})

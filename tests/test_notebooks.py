@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import nbformat
@@ -288,6 +289,8 @@ def cleanliness_faults(nb, *, parameters_and_metadata: bool) -> list[str]:
               for m in list(ABSOLUTE_PATH.finditer(text))[:3]]
     faults += [f"the {notice!r} notice {text.count(notice)} times" for notice in STANDIN_NOTICES if text.count(notice) > 1]
     faults += [f"the profiler's {noise!r} lines" for noise in PROFILER_NOISE if noise in text]
+    warned = Counter(line.strip() for line in text.splitlines() if re.match(r"\w*Warning: ", line.strip()))
+    faults += [f"the warning {line[:90]!r} {n} times" for line, n in warned.items() if n > 1]
     return faults
 
 
@@ -295,9 +298,11 @@ def test_the_cleanliness_check_finds_each_fault():
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
     nb = new_notebook(cells=[new_code_cell("x", outputs=[new_output("stream", name="stderr", text=(
-        "STAND-IN DATA: ... Results are NOT CIFAR-10 results.\n" * 2 + "run records in /tmp/abc/runs\n"))])])
+        "STAND-IN DATA: ... Results are NOT CIFAR-10 results.\n" * 2 + "run records in /tmp/abc/runs\n"
+        + "UserWarning: zero_stage=2 with the torch-native engine\n" * 3))])])
     faults = cleanliness_faults(nb, parameters_and_metadata=False)
-    assert len(faults) == 2 and "/tmp/abc" in faults[0] and "2 times" in faults[1], faults
+    assert len(faults) == 3 and "/tmp/abc" in faults[0] and "2 times" in faults[1], faults
+    assert "'UserWarning: zero_stage=2 with the torch-native engine' 3 times" in faults[2]
     nb.cells[0].outputs = []
     nb.metadata["papermill"] = {"output_path": "/home/someone/trainopt/reports/quick/notebooks/x.ipynb"}
     assert cleanliness_faults(nb, parameters_and_metadata=False) == []

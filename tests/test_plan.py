@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from trainopt_core.planner import Plan, pareto_front, plan
+from trainopt_core.planner.result import _ineligible_reasons
 
 from plan_fakes import use_fake_windows, without_time_budget
 
@@ -146,6 +147,14 @@ def test_rechoose_applies_other_weights_to_the_same_measurements_and_a_plan_surv
     # the legend names the markers drawn, and only those
     assert ("with checkpointing" in legend) == any(r["checkpointing"] is not None for r in measured)
     assert any(t.startswith("not eligible") for t in legend) == any(not r["feasible"] for r in measured)
+    # ... and says why the grey ones are not eligible, and a budget only where there is one
+    grey = next(t for t in legend if t.startswith("not eligible"))
+    assert ("over the memory budget" in grey) == any((r["rejected_because"] or "").startswith("over the budget")
+                                                      for r in measured if not r["feasible"])
+    assert ("eligible candidate, within the memory budget" in legend) == (result.memory_budget_bytes is not None)
+    assert _ineligible_reasons(["slower than the fp32 baseline (0.93x)", "over the budget: peak 9 MiB",
+                                "slower than the fp32 baseline (0.72x)", "out of memory: even timed alone", None]) \
+        == "slower than the fp32 baseline, over the memory budget, failed"
 
 
 def test_pareto_front_keeps_what_nothing_beats_on_both_time_and_memory():

@@ -267,6 +267,31 @@ def test_ablation_table_orders_ladder_then_leave_one_out_with_changes_vs_baselin
     assert slower.loc["+accumulation", "claim_held_time"] == "not held: the opposite direction"
 
 
+def test_a_mixed_precision_rung_that_ran_fp32_judges_no_claim_and_counts_as_not_measured(tmp_path):
+    from trainopt_core.reporting.summary import counts, verdict_summary
+
+    records = [make_record(config="baseline", seed=s, time_to_target_s=100.0 + s) for s in range(3)]
+    for precision in ("fp32", "bf16"):  # a CPU without bf16 instructions, and one with them
+        runs = records + [make_record(config=name, seed=s, time_to_target_s=0.8 * (100.0 + s), peak_memory_bytes=2**29,
+                                      precision="fp32" if name == "+accumulation" else precision)
+                          for name in ("+accumulation", "+mixed_precision") for s in range(3)]
+        table = reports.ablation_table(runs, "cifar10").set_index("config")
+        verdicts = table.loc["+mixed_precision", ["claim_held_time", "claim_held_memory"]].tolist()
+        shown = reports.format_ablation_table(table.reset_index()).set_index("Configuration")["Claim held?"]
+        if precision == "bf16":
+            assert verdicts == ["held", "held"]
+            continue
+        assert verdicts == [reports.tables._component_not_run("+mixed_precision", "fp32")] * 2
+        assert verdicts[0].startswith("not measured: mixed precision did not run here")
+        assert shown["+mixed_precision"] == verdicts[0]  # said once, not for time and memory apart
+        assert table.loc["+accumulation", "claim_held_time"] == "held"  # its own component ran
+        table.reset_index().to_csv(tmp_path / "table3_ablation_resnet.csv", index=False)
+        summary = verdict_summary(tmp_path).set_index("claim")
+        assert summary.loc[["ResNet +mixed_precision: time to target", "ResNet +mixed_precision: peak memory"],
+                           "category"].tolist() == ["not measured"] * 2  # "–" in the counts
+        assert counts(summary)["not measured"] >= 2
+
+
 def test_scaling_table_marks_modelled_rows_and_adds_paper_values():
     rows = [dict(world_size=1, config="baseline", throughput=100.0, efficiency=1.0, modelled=False, source="measured"),
             dict(world_size=4, config="baseline", throughput=350.0, efficiency=0.875, modelled=True,

@@ -29,6 +29,21 @@ def against_yours(row: dict, yours: dict) -> dict:
                           "ci_low": row.get("speedup_ci_low"), "ci_high": row.get("speedup_ci_high")}, inverse)
 
 
+# why a measured candidate was not eligible, by how its rejection starts: the figure's legend
+_INELIGIBLE = (("over the budget", "over the memory budget"), ("slower than the fp32 baseline", "slower than the fp32 baseline"),
+               ("adaptive accumulation is planned with k", "k below adaptive accumulation's"), ("quality", "its loss"))
+
+
+def _ineligible_reasons(rejections) -> str:
+    """The kinds of reason among `rejections` (rejection texts), in one phrase: "slower than the
+    fp32 baseline, over the memory budget"; "" when there are none."""
+    kinds = []
+    for text in rejections:
+        if text:
+            kinds.append(next((kind for start, kind in _INELIGIBLE if text.startswith(start)), "failed"))
+    return ", ".join(dict.fromkeys(kinds))
+
+
 @dataclass
 class Plan:
     """What `plan()` measured and chose. `config` is the chosen OptimizationConfig; `rows` one dict
@@ -192,10 +207,12 @@ class Plan:
             ax.axvline(self.memory_budget_bytes / 2**20, color="tab:red", ls="--", lw=1, label="memory budget")
         handles, _ = ax.get_legend_handles_labels()
         marker = dict(ls="none", markersize=6)
-        handles.append(Line2D([], [], marker="o", color="tab:blue", label="candidate within the budget", **marker))
-        if any(not r["feasible"] for r in measured):
+        budget = "" if self.memory_budget_bytes is None else ", within the memory budget"
+        handles.append(Line2D([], [], marker="o", color="tab:blue", label=f"eligible candidate{budget}", **marker))
+        reasons = _ineligible_reasons(r["rejected_because"] for r in measured if not r["feasible"])
+        if reasons:
             handles.append(Line2D([], [], marker="o", color="0.7", **marker,
-                                  label="not eligible (memory, quality or k: see the table)"))
+                                  label=f"not eligible: {reasons} (see the table)"))
         if any(r["checkpointing"] is not None for r in measured):
             handles.append(Line2D([], [], marker="s", color="tab:blue", label="with checkpointing", **marker))
         ax.set_xlabel("peak memory of a training step (MiB)")

@@ -36,6 +36,7 @@ import pandas as pd
 
 from ..reproduction.throughput import load_throughput
 from .environment import describe_hardware
+from .session_floor import machine_kind
 from .verdicts import verdict_category
 from .._errors import fail as _fail
 
@@ -195,31 +196,62 @@ def format_agreement(result: dict) -> str:
     return "\n".join(lines)
 
 
-# reports/previous_reference.json: {profile: the previous reference's folder, relative to reports/}
+# reports/previous_reference.json: {profile: the previous reference's folder, relative to reports/},
+# or {profile: {"folder": ..., "machine": ...}} where its manifests do not record what kind of machine
+# it ran on (no instruction set, no CPU family) and "machine" says it
 PREVIOUS_REFERENCE = "previous_reference.json"
+
+
+def _pointer(reports_root: str | Path, profile: str) -> dict | None:
+    """`profile`'s entry of ``previous_reference.json`` as {"folder": ..., "machine": ... or None}."""
+    pointer = Path(reports_root) / PREVIOUS_REFERENCE
+    entry = json.loads(pointer.read_text()).get(profile) if pointer.is_file() else None
+    if entry is None:
+        return None
+    entry = {"folder": entry} if isinstance(entry, str) else entry
+    if not isinstance(entry, dict) or not isinstance(entry.get("folder"), str):
+        _fail(f"{PREVIOUS_REFERENCE}[{profile!r}]", entry, 'a folder, or {"folder": ..., "machine": ...}')
+    return {"folder": entry["folder"], "machine": entry.get("machine")}
 
 
 def previous_reference(reports_root: str | Path, profile: str) -> Path | None:
     """The folder of `profile`'s previous reference, as ``<reports_root>/previous_reference.json``
     names it (written when a reference is re-executed and the old one moved aside), or None."""
-    pointer = Path(reports_root) / PREVIOUS_REFERENCE
-    if not pointer.is_file():
+    entry = _pointer(reports_root, profile)
+    if entry is None:
         return None
-    folder = json.loads(pointer.read_text()).get(profile)
-    if folder is None:
-        return None
-    if not (Path(reports_root) / folder / "tables").is_dir():
-        _fail(f"{PREVIOUS_REFERENCE}[{profile!r}]", folder, "a report folder under reports/ holding tables/ "
+    if not (Path(reports_root) / entry["folder"] / "tables").is_dir():
+        _fail(f"{PREVIOUS_REFERENCE}[{profile!r}]", entry["folder"], "a report folder under reports/ holding tables/ "
               "(e.g. other_machines/<machine>/quick)")
-    return Path(reports_root) / folder
+    return Path(reports_root) / entry["folder"]
 
 
-def agreement_sentence(current: str | Path, previous: str | Path, name: str) -> str:
-    """The agreement check of `current` against `previous` (named `name`) in one sentence."""
+def previous_reference_machine(reports_root: str | Path, profile: str) -> str | None:
+    """What ``previous_reference.json`` says of the previous reference's machine, or None."""
+    entry = _pointer(reports_root, profile)
+    return entry["machine"] if entry else None
+
+
+def _machine(folder: Path) -> tuple[str | None, str]:
+    """(the machine kind a timing floor is looked up by, or None; the hardware in words) of a
+    report folder, from its first timing record's manifest."""
+    timings = _throughput_records(folder)
+    manifest = next(iter(timings.values()))["manifest"] if timings else None
+    kind = machine_kind(manifest)
+    return (None if kind is None or "unknown" in kind else kind), describe_hardware(manifest or {}) or "its machine unknown"
+
+
+def agreement_sentence(current: str | Path, previous: str | Path, name: str, machine: str | None = None) -> str:
+    """The agreement check of `current` against `previous` (named `name`) in one sentence, with the
+    previous one's machine: as its manifests record it, or `machine` where they do not record its
+    kind; and whether it is the kind of machine `current` ran on."""
     result = compare_reports(previous, current)
-    timings = _throughput_records(Path(previous))
-    machine = describe_hardware(next(iter(timings.values()))["manifest"]) if timings else "its machine unknown"
-    return (f"Agreement with the previous reference (`{name}`, {machine}): **{'yes' if result['agree'] else 'no'}**, "
+    (kind, hardware), (current_kind, _) = _machine(Path(previous)), _machine(Path(current))
+    if kind is None and machine:
+        hardware = machine
+    elif kind and current_kind:
+        hardware += ": the same kind of machine" if kind == current_kind else ": another kind of machine"
+    return (f"Agreement with the previous reference (`{name}`, {hardware}): **{'yes' if result['agree'] else 'no'}**, "
             f"{len(result['verdict_flips'])} of {result['verdicts_compared']} verdicts differ and "
             f"{len(result['ratios_outside'])} of {result['timing_ratios_compared']} throughput and time ratios lie "
             "outside the other's 95 % interval.")
@@ -252,4 +284,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["PREVIOUS_REFERENCE", "RATIO_TOLERANCE", "agreement_sentence", "compare_reports", "compare_speeds",
-           "format_agreement", "main", "previous_reference"]
+           "format_agreement", "main", "previous_reference", "previous_reference_machine"]

@@ -280,11 +280,12 @@ def num_blocks_for(records: list[dict], task: str) -> int | None:
 
 
 def precision_that_ran(records: list[dict], task: str | None = None) -> str:
-    """The reduced precision the optimized runs used (a CPU profile runs bf16 for the paper's
-    fp16); the paper's fp16 when there are no such runs."""
+    """The precision the optimized runs ran: bf16 where the paper's fp16 runs as bf16 (a CPU with
+    bf16 instructions), fp32 where reduced precision did not run (a CPU without them); the
+    paper's fp16 when there are no optimized runs."""
     ran = [r["config"].get("precision") for r in records if r["config_name"] == "optimized"
            and (task is None or r["task"] == task)]
-    return next((p for p in ran if p and p != "fp32"), "fp16")
+    return next((p for p in ran if p and p != "fp32"), "fp32" if any(ran) else "fp16")
 
 
 def runs_summary(records: list[dict]) -> pd.DataFrame:

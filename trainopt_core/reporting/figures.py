@@ -168,7 +168,8 @@ def memory_breakdown_frame(records: list[dict], task: str, *, configs=None) -> p
 
 
 def memory_breakdown_bars(records: list[dict], task: str, *, configs=None) -> Figure:
-    """Stacked bars: where each configuration's peak memory goes (MiB), mean over seeds."""
+    """Stacked bars: where each configuration's peak memory goes (MiB), mean over seeds; each bar
+    named with the precision it ran (a mixed-precision rung that ran fp32 says so)."""
     chosen = _select(records, task, configs)
     table = memory_breakdown_frame(chosen, task)
     fig, (ax,) = _new_figure(width=max(6.0, 1.2 * len(table) + 3))
@@ -180,12 +181,15 @@ def memory_breakdown_bars(records: list[dict], task: str, *, configs=None) -> Fi
         heights = (table[category] / 2**20).tolist()
         ax.bar(range(len(table)), heights, bottom=bottom, label=category, color=colors[category])
         bottom = [b + h for b, h in zip(bottom, heights)]
-    peaks = aggregate(chosen).set_index("config_name")["peak_memory_bytes_mean"]
+    runs = aggregate(chosen).set_index("config_name")
+    peaks = runs["peak_memory_bytes_mean"]
     for i, name in enumerate(table.index):
         if name in peaks and math.isfinite(peaks[name]):
             ax.plot([i - 0.4, i + 0.4], [peaks[name] / 2**20] * 2, color="black", lw=1.5,
                     label="measured peak" if i == 0 else None)
-    ax.set_xticks(range(len(table)), table.index, rotation=30, ha="right")
+    ran = [f"{name}\n(ran {runs['precision'][name]})" if name in runs.index and runs["precision"][name] else name
+           for name in table.index]
+    ax.set_xticks(range(len(table)), ran, rotation=30, ha="right")
     ax.set_ylabel("memory (MiB)")
     ax.legend(fontsize=8)
     ax.set_title(figure_title("Memory breakdown at the tracked training step", chosen,

@@ -117,10 +117,13 @@ def footnotes_markdown(notes: list[str]) -> str:
 # what each figure of the reproduction shows, by the start of its file stem (the data it ran on is
 # in its title)
 FIGURE_CAPTIONS = {
-    "curves": "Quality vs training time (evaluation excluded): each configuration's mean over seeds with its 95 % "
-              "band, the seeds thin beneath, the target dashed.",
-    "memory_ladder": "Peak memory by category as the components are added one by one (Table III's ladder).",
-    "noise_trajectory": "Adaptive accumulation over training: the k chosen and the gradient-noise scale it follows.",
+    "curves": "Quality vs training time (evaluation excluded): each configuration's mean over seeds (perplexity: "
+              "geometric mean) with its 95 % band, the seeds thin beneath, the target black dashed; a dashed curve "
+              "is placed by its timed speed (the note below the axes).",
+    "memory_ladder": "Peak memory by category as the components are added one by one (Table III's ladder), each bar "
+                     "named with the precision it ran.",
+    "noise_trajectory": "Adaptive accumulation over training, one line per seed: the k chosen and the gradient-noise "
+                        "scale it follows; hollow markers are estimates not significant (k held).",
     "op_categories": "Where a training step's time goes: self time by operation category (torch.profiler).",
     "plan_pareto": "The candidates auto's plan measured: time per sample against peak memory, the Pareto front "
                    "joined, the choice ringed.",

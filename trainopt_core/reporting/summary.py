@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .agreement import agreement_sentence, previous_reference
+from .agreement import agreement_sentence, previous_reference, previous_reference_machine
 from .environment import describe_manifest
 from . import session_floor
 from .results import as_number, load_records, profile_dir, stored_throughput
@@ -115,7 +115,8 @@ def profile_summary(reports_dir: str | os.PathLike, profile: str, *, tables_dir=
     previous = previous_reference(reports_dir, profile) if profile != "smoke" else None
     if previous is not None:
         headline.append(agreement_sentence(profile_dir(reports_dir, profile), previous,
-                                           previous.relative_to(Path(reports_dir)).as_posix()))
+                                           previous.relative_to(Path(reports_dir)).as_posix(),
+                                           previous_reference_machine(reports_dir, profile)))
     return summary_markdown(tables_dir or Path(reports_dir) / profile / "tables", profile=profile, context=context,
                             headline=headline)
 

@@ -276,14 +276,29 @@ def ablation_table(records: list[dict], task: str) -> pd.DataFrame:
                 entry["measured_time_change_bound"] = change.get("bound") or ""
             if short == "throughput":
                 entry["timing_windows"] = change.get("windows", math.nan)
+        not_run = _component_not_run(name, entry["precision"]) if paper else None
         for short in ("time", "memory"):
             claimed = entry[f"paper_{short}_change"] if paper and name != "baseline" else None
+            if not_run and row is not None:
+                entry[f"claim_held_{short}"] = not_run
+                continue
             entry[f"claim_held_{short}"] = time_to_target_verdict(claim_verdict(
                 claimed, entry[f"measured_{short}_change"],
                 ci=(entry[f"measured_{short}_change_ci_low"], entry[f"measured_{short}_change_ci_high"])),
                 censoring[short] if claimed is not None else None)
         out.append(entry)
     return pd.DataFrame(out)
+
+
+def _component_not_run(name: str, precision_ran: str) -> str | None:
+    """The verdict of a ladder rung whose added component did not run here, else None: the rung
+    that adds mixed precision, run in fp32 (a CPU without bf16 instructions), computes what the
+    rung before it computes, so its change says nothing of mixed precision."""
+    ladder = list(ABLATION_LADDER)
+    for before, rung in zip(ladder, ladder[1:]):
+        if rung.name == name and before.precision == "fp32" != rung.precision and precision_ran == "fp32":
+            return "not measured: mixed precision did not run here (this rung ran fp32, as the one before it)"
+    return None
 
 
 def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -318,7 +333,8 @@ def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
             "Final quality": measured("final_quality"),
             "Measured vs baseline (95% CI)": "—" if is_base or r["n_seeds"] == 0 else
             f"time {change('time')}; memory {change('memory')}; throughput {change('throughput')}",
-            "Claim held?": "—" if r["claim_held_time"] == "no claim" else
+            "Claim held?": "—" if r["claim_held_time"] == "no claim" else r["claim_held_time"]
+            if r["claim_held_time"] == r["claim_held_memory"] == _component_not_run(r["config"], r["precision"]) else
             f"time: {r['claim_held_time']}; memory: {r['claim_held_memory']}",
         })
     return pd.DataFrame(rows)

@@ -144,8 +144,9 @@ def efficiency_verdict(claimed: float | None, measured: float | None, *, ci=None
 
 
 def verdict_category(verdict: str) -> str:
-    """"held", "not held", "inconclusive", or the verdict itself (no claim, not measured ...)."""
-    for category in ("not held", "held", "inconclusive"):
+    """"held", "not held", "inconclusive", "not measured" (with or without its reason), or the
+    verdict itself (no claim ...)."""
+    for category in ("not held", "held", "inconclusive", "not measured"):
         if verdict.startswith(category):
             return category
     return verdict

@@ -73,7 +73,7 @@ def _allreduce_probe(sizes=(1, 2**20 // 4, 2**22 // 4), repeats: int = 5) -> lis
 
 
 def _scaling_worker(task: str, profile: str, configs: list[str], windows: int, steps_per_window: int,
-                    warmup_steps: int, seed: int, data_policy: str, probe_comm: bool) -> dict:
+                    warmup_steps: int, seed: int, data_policy: str, probe_comm: bool, speaks: bool) -> dict:
     """One rank: every configuration built side by side, its DDP steps timed in interleaved
     windows (`measure.interleaved_windows`); returns this rank's items/s per window."""
     from .. import measure
@@ -86,8 +86,10 @@ def _scaling_worker(task: str, profile: str, configs: list[str], windows: int, s
     # there already (the rows name the data), and a warning goes in one line, without a file path
     warnings.filterwarnings("ignore", category=StandinDataWarning)
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"{category.__name__}: {message}\n"
-
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    if not (speaks and rank == 0):  # every launch's ranks build the same engines: one of them says their warnings
+        warnings.filterwarnings("ignore")
+
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if dist.get_backend() == "nccl" else torch.device("cpu")
     prof = get_profile(task, profile)
     steps, info, engines = {}, {}, []
@@ -185,9 +187,10 @@ def measure_scaling(task: str = "cifar10", profile: str = "quick", *, configs=("
         for index, n in enumerate(world_sizes):
             launch = round_index * len(world_sizes) + index + 1  # the heartbeat's detail (reproduction.progress)
             progress_detail(f"scaling launch {launch} of {rounds * len(world_sizes)} ({n} process(es))")
+            first_of_most = round_index == 0 and n == max(world_sizes)  # probes the all-reduce, says the warnings
             results = run_processes(_scaling_worker, n, args=(task, profile, configs, windows, steps_per_window,
-                                                              warmup_steps, seed, data_policy,
-                                                              round_index == 0 and n == max(world_sizes)),
+                                                              warmup_steps, seed, data_policy, first_of_most,
+                                                              first_of_most),
                                     threads_per_process=threads_per_process, timeout_s=timeout_s)
             # every replica processes the same items per window: the slowest replica sets the pace
             per_round[n].append({c: [n * min(r["rates"][c][w] for r in results) for w in range(windows)]
