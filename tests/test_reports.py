@@ -419,6 +419,11 @@ def test_resolve_reports_dir_is_relative_to_the_notebooks_folder(tmp_path, monke
     monkeypatch.chdir(tmp_path / "notebooks")
     assert reports.resolve_reports_dir("../reports") == (tmp_path / "reports").resolve()
     assert reports.resolve_reports_dir(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+    # "reports" typed in the repo root, where notebooks/reports does not exist: the one beside notebooks/
+    monkeypatch.chdir(tmp_path)
+    assert reports.resolve_reports_dir("reports") == (tmp_path / "notebooks" / "reports").resolve()  # none yet
+    (tmp_path / "reports").mkdir()
+    assert reports.resolve_reports_dir("reports") == (tmp_path / "reports").resolve()
 
 
 def test_index_says_which_runs_ran_on_releases_other_than_the_pins():

@@ -45,12 +45,16 @@ def timed_speed(record: dict | None) -> float:
 
 def resolve_reports_dir(reports_dir: str | os.PathLike) -> Path:
     """The reports root. A relative path is taken relative to the ``notebooks/`` folder (the
-    notebooks' parameter ``"../reports"``), whether the kernel runs there or in the repo root."""
+    notebooks' parameter ``"../reports"``), whether the kernel runs there or in the repo root;
+    where no such folder exists but one does relative to the working folder (``"reports"`` typed
+    in the repo root), that one."""
     path = Path(reports_dir)
     if path.is_absolute():
         return path
     cwd = Path.cwd()
     base = cwd if cwd.name == "notebooks" or not (cwd / "notebooks").is_dir() else cwd / "notebooks"
+    if not (base / path).exists() and (cwd / path).is_dir():
+        return (cwd / path).resolve()
     return (base / path).resolve()
 
 
