@@ -172,10 +172,12 @@ and its change vs the baseline (paired like the optimized one's).
     md("""
 ## Quality vs training time
 
-Evaluation quality against training time (evaluation excluded): each configuration's mean over
-its seeds (perplexity's geometric mean) with the 95 % band across them, each seed thin beneath; the
-dashed black line is the profile's target. A dashed curve is placed by its timed speed (the note
-below the axes says why). Time to target is where a seed's curve first crosses the target.
+Evaluation quality against training time (evaluation excluded), each run on its own clock: per
+configuration the mean over its seeds of time and quality at each evaluation (equal samples;
+perplexity's geometric mean) with the 95 % band across them, each seed thin beneath; the dashed
+black line is the profile's target. A dashed curve is placed by its timed speed (the note below
+the axes says why). The tables' time to target is samples to target × the interleaved-timed
+seconds per sample, not a run's own clock, so it can differ from where a curve crosses the target.
 """),
     code('''for task in tasks:
     display(publish_figure(figures.quality_curves(records, task), paths, table_name("curves", task)))''', IGNORE),
@@ -185,7 +187,8 @@ below the axes says why). Time to target is where a seed's curve first crosses t
 The plan of each task as its `auto` runs used it: every candidate measured (speedup over the
 fp32 baseline paired window by window, with its 95 % interval; the training step's peak memory;
 what the memory model predicted), those never timed and why, and the choice in words. The figure
-places each measured candidate by peak memory and time per sample; the explorer re-chooses from
+places each measured candidate by peak memory and time per sample relative to the fp32
+baseline's, the Pareto front of all of them (eligible or not) joined; the explorer re-chooses from
 these measurements under a memory budget or other weights.
 """),
     code('''from trainopt_core.reporting import plans as planning
@@ -241,10 +244,12 @@ machine: notebook 1 shows the plan), then leave-one-out (each removes one compon
 ## Where the memory goes along the ladder
 
 Memory by category at the tracked training step (parameters, gradients, optimizer state,
-activations, temporaries); the black line is the measured peak, and each bar names the precision
-it ran (a mixed-precision rung that ran fp32 computes what the rung before it does). Eq. 8 predicts
-activations to shrink with the micro-batch, eq. 17 weights/gradients with precision, eq. 19
-activations with checkpointing.
+activations, temporaries; buffers, BatchNorm's statistics, are too small to see); the black line is
+the measured peak, and each bar names the precision it ran (a mixed-precision rung that ran fp32
+computes what the rung before it does). The breakdown is a snapshot at the step's peak: without
+accumulation it comes as backward begins, before gradients exist; with checkpointing the recomputed
+segment's activations count as temporaries. Eq. 8 predicts activations to shrink with the
+micro-batch, eq. 17 weights/gradients with precision, eq. 19 activations with checkpointing.
 """),
     code('''for task in tasks:
     display(publish_figure(figures.memory_breakdown_bars(records, task, configs=ladder + ["optimized"]),
@@ -414,7 +419,7 @@ publish_table(pd.DataFrame(rows), paths, "eq21_decomposition", "Eq. 21 decomposi
 Variance-aware accumulation (eqs. 6-7) estimates the micro-batch gradient variance σ² and the
 gradient's |G|² each step, pools the last few steps, and acts only when the pooled |G|² is
 significantly positive (its 95 % interval above zero); otherwise k is held and the step says so
-(hollow markers). The figure draws one line per seed. The default rule follows the gradient-noise scale B_simple = tr(Σ) / |G|²
+(hollow markers, where the B_simple line breaks). The figure draws a line style per seed. The default rule follows the gradient-noise scale B_simple = tr(Σ) / |G|²
 (eq. 6 with a relative σ_target, calibrated so the first significant estimate keeps the starting
 k): the larger the noise relative to the signal, the larger the effective batch that still makes
 progress per sample. The table gives k, B_simple and the share of significant estimates per
@@ -444,7 +449,7 @@ The controls: **task** (the model: its block count L bounds **segments**); **com
 optimizations switched on; ctrl/shift-click to choose several); **k** (micro-batches per
 optimizer step; with **adaptive k** the starting value, the engine then moves it within
 [k_min, k_max] as the gradient noise scale moves); **precision** (defaults to what the
-optimized runs used: bf16 on a CPU); **segments** or **⌈√L⌉ segments** (activation
+optimized runs ran: bf16 on a CPU with bf16 instructions, fp32 on one without); **segments** or **⌈√L⌉ segments** (activation
 checkpointing's segment count). Measured columns stay empty where no run used the settings.
 """),
     code(SETUP.replace("run_grid, ", "").replace(", timed_grid", "") + '''

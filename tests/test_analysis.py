@@ -280,7 +280,14 @@ def test_explorer_finds_a_mixed_precision_run_that_a_cpu_without_bf16_ran_in_fp3
     on = explorer.config_from_components({"accumulation", "mixed_precision"}, k=4, adaptive=False, precision="fp16")
     off = explorer.config_from_components({"accumulation"}, k=4, adaptive=False)
     assert explorer.find_measured([plain, mixed], "cifar10", on) == [mixed]
-    assert explorer.find_measured([plain, mixed], "cifar10", off) == [plain]
+    # fp32 selected: both ran fp32 with the same settings, so both computed what fp32 computes
+    assert explorer.find_measured([plain, mixed], "cifar10", off) == [plain, mixed]
+    fp32 = explorer.config_from_components({"accumulation", "mixed_precision"}, k=4, adaptive=False, precision="fp32")
+    assert explorer.find_measured([plain, mixed], "cifar10", fp32) == [plain, mixed]
+    # reduced precision selected where only fp32 ran: no autocast ran, and the reasons say so
+    why = explorer._why("memory: parameters", 1.0, 2.0, on, ran_fp32=True)
+    assert why.startswith("eq. 17 predicts fp16; these runs ran fp32") and "FP32 weights, as eq. 8 assumes" in why
+    assert "autocast keeps" not in why
 
 
 def test_the_explorer_defaults_to_the_precision_the_optimized_runs_ran_fp32_included():
@@ -423,13 +430,19 @@ def test_the_explorers_default_view_draws_a_curve_for_its_runs_from_the_tables_t
         in out
 
 
-def test_the_nearest_measured_run_that_asked_for_reduced_precision_but_ran_fp32_says_so():
+def test_a_run_that_asked_for_reduced_precision_but_ran_fp32_matches_fp32_and_a_precision_that_differs_is_said():
     from trainopt_core.reproduction.runner import REDUCED_PRECISION_OFF
 
     opt = make_record(config="optimized", precision="fp32")
     opt["config"] = OptimizationConfig.optimized().replace(precision="fp32").to_dict()
     opt["notes"] = [f"{REDUCED_PRECISION_OFF}: this CPU has no bf16 instructions"]
-    name, differ = explorer.nearest_measured([opt], "cifar10", OptimizationConfig.optimized().replace(precision="fp32"))
-    # before: "precision: 'fp32' measured, 'fp32' selected"
-    assert (name, differ) == ("optimized", ["precision: reduced precision asked, 'fp32' ran (no bf16 instructions), "
-                                            "'fp32' selected"])
+    # fp32 selected: the run that asked for reduced precision and ran fp32 is a match, nothing differs
+    fp32 = OptimizationConfig.optimized().replace(precision="fp32")
+    assert explorer.nearest_measured([opt], "cifar10", fp32) == ("optimized", [])
+    assert explorer.find_measured([opt], "cifar10", fp32) == [opt]
+    # bf16 selected beside an fp32 run that asked for nothing: the precision differs, as measured
+    plain = make_record(config="-mixed_precision", precision="fp32")
+    plain["config"] = OptimizationConfig.optimized().replace(name="-mixed_precision", precision="fp32").to_dict()
+    bf16 = OptimizationConfig.optimized().replace(precision="bf16")
+    assert explorer.nearest_measured([plain], "cifar10", bf16) == (
+        "-mixed_precision", ["precision: 'fp32' measured, 'bf16' selected"])

@@ -289,6 +289,7 @@ def test_a_mixed_precision_rung_that_ran_fp32_judges_no_claim_and_counts_as_not_
         summary = verdict_summary(tmp_path).set_index("claim")
         assert summary.loc[["ResNet +mixed_precision: time to target", "ResNet +mixed_precision: peak memory"],
                            "category"].tolist() == ["not measured"] * 2  # "–" in the counts
+        assert summary.loc["ResNet +mixed_precision: time to target", "measured"] == "—"  # not +accumulation's
         assert counts(summary)["not measured"] >= 2
 
 
@@ -372,7 +373,7 @@ def test_reports_index_lists_each_profile_with_tables_figures_and_manifest(tmp_p
     assert "[smoke/README.md](smoke/README.md)" in index and "a caption" not in index
     smoke = (tmp_path / "smoke" / "README.md").read_text()
     assert smoke.startswith("# Profile `smoke`") and "a caption" in smoke and "(./figures/curves.png)" in smoke
-    assert "** — Quality vs training time (evaluation excluded): each configuration's mean over seeds" in smoke
+    assert "** — Quality vs training time (evaluation excluded, each run's own clock): per configuration the mean" in smoke
     assert STANDIN in index and "deadbeef" in index and "Test CPU" in index
 
 
@@ -385,6 +386,14 @@ def test_figures_title_the_data_source_and_are_saved(tmp_path):
         titles = [ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text() if fig._suptitle else ""]
         assert any("NOT CIFAR-10" in t.replace("\n", " ") for t in titles), make.__name__
         assert reports_figures.save_figure(fig, tmp_path, make.__name__).stat().st_size > 1000
+
+
+def test_the_noise_trajectory_tells_each_seed_apart():
+    records = [make_record(config="optimized", seed=s) for s in range(3)]
+    fig = reports_figures.noise_trajectory(records, "cifar10")
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+        "optimized, seed 0", "optimized, seed 1", "optimized, seed 2"]
+    assert len({line.get_linestyle() for line in fig.axes[0].get_lines()}) == 3
 
 
 def test_a_curve_without_its_own_clock_is_placed_by_its_timed_speed_dashed():

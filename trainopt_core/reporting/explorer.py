@@ -120,33 +120,36 @@ def _settings(config: dict) -> dict:
     return {**config, **{f: v for f, v in computation_part(config).items() if f in _MATCH_FIELDS}}
 
 
-def find_measured(records: list[dict], task: str, config: OptimizationConfig) -> list[dict]:
-    """Records of `task` run with `config`'s settings. fp16 and bf16 count as the same reduced
-    precision (a CPU profile runs fp16 as bf16), and a run that asked for it on a CPU without
-    bf16 instructions, where it ran fp32, counts as asking for it; each record says what ran."""
+def _precision_matches(record: dict, config: OptimizationConfig) -> bool:
+    """fp32 selected: the run ran fp32, also where it asked for reduced precision on a CPU
+    without bf16 instructions (it computed what an fp32 run computes). fp16 or bf16 selected: the
+    run asked for reduced precision (the two count as one: a CPU profile runs fp16 as bf16),
+    whatever ran; each record says what ran."""
     from ..reproduction.runner import asked_for_reduced_precision
 
+    if config.precision == "fp32":
+        return record["config"].get("precision", "fp32") == "fp32"
+    return asked_for_reduced_precision(record)
+
+
+def find_measured(records: list[dict], task: str, config: OptimizationConfig) -> list[dict]:
+    """Records of `task` run with `config`'s settings (its precision as `_precision_matches`)."""
     wanted = _settings(config.to_dict())
     return [r for r in records if r["task"] == task
             and all(_settings(r["config"]).get(f) == wanted[f] for f in _MATCH_FIELDS)
-            and asked_for_reduced_precision(r) == (config.precision != "fp32")]
+            and _precision_matches(r, config)]
 
 
 def nearest_measured(records: list[dict], task: str, config: OptimizationConfig) -> tuple[str, list[str]] | None:
     """The measured configuration of `task` nearest to `config` -- the fewest settings that
     differ -- and those settings ("k: 4 measured, 6 selected"); None when `task` has no runs."""
-    from ..reproduction.runner import asked_for_reduced_precision
-
     wanted, best = _settings(config.to_dict()), None
     for record in {r["config_name"]: r for r in records if r["task"] == task}.values():
         measured = _settings(record["config"])
         differ = [f"{field}: {measured.get(field)!r} measured, {wanted[field]!r} selected"
                   for field in _MATCH_FIELDS if measured.get(field) != wanted[field]]
-        if asked_for_reduced_precision(record) != (config.precision != "fp32"):
-            ran = record["config"].get("precision")
-            measured_precision = (f"{ran!r} measured" if ran != "fp32" else
-                                  "reduced precision asked, 'fp32' ran (no bf16 instructions)")
-            differ.append(f"precision: {measured_precision}, {config.precision!r} selected")
+        if not _precision_matches(record, config):
+            differ.append(f"precision: {record['config'].get('precision')!r} measured, {config.precision!r} selected")
         if best is None or len(differ) < len(best[1]):
             best = (record["config_name"], differ)
     return best
@@ -192,7 +195,9 @@ def explore(records: list[dict], task: str, config: OptimizationConfig, *, calib
     rows += [dict(quantity=q, predicted=math.nan, measured=v, unit="bytes" if q.startswith("memory") else "")
              for q, v in measured.items() if q not in known]
     frame = pd.DataFrame(rows, columns=["quantity", "predicted", "measured", "unit"])
-    frame["why they differ"] = [_why(row.quantity, row.predicted, row.measured, config) for row in frame.itertuples()]
+    ran = {r["config"].get("precision") for r in matched}
+    frame["why they differ"] = [_why(row.quantity, row.predicted, row.measured, config, ran_fp32=ran == {"fp32"})
+                                for row in frame.itertuples()]
     frame.attrs["note"] = note
     frame.attrs["data_source"] = "; ".join(sorted({r.get("data_source", "?") for r in
                                                     (matched or ([baseline] if baseline else []))}))
@@ -201,13 +206,19 @@ def explore(records: list[dict], task: str, config: OptimizationConfig, *, calib
     return frame
 
 
-def _why(quantity: str, predicted: float, measured: float, config: OptimizationConfig) -> str:
+def _why(quantity: str, predicted: float, measured: float, config: OptimizationConfig, *,
+         ran_fp32: bool = False) -> str:
     """Why a measured value differs from the paper's prediction (or what it is, where the
     equations have no term for it): what the live-tensor tracker (`measure.tracker`) counts in
-    each category at the step's peak, against what eqs. 8/17/19 assume."""
+    each category at the step's peak, against what eqs. 8/17/19 assume. `ran_fp32`: the
+    matching runs ran fp32 although reduced precision was selected (no autocast ran)."""
     reduced = config.precision != "fp32"
     missing = measured is None or math.isnan(measured)
     category = quantity.removeprefix("memory: ")
+    if reduced and ran_fp32 and category in ("parameters", "gradients", "activations"):
+        own = _why(quantity, predicted, measured, config.replace(precision="fp32"))
+        return (f"eq. 17 predicts {config.precision}; these runs ran fp32 (their CPU has no bf16 instructions), "
+                f"so no autocast ran: {own}")
     if category == "parameters":
         if reduced:
             return (f"eq. 17 assumes {config.precision} weights (half of FP32); autocast keeps the FP32 weights the "

@@ -245,32 +245,34 @@ def scaling_plot(table: pd.DataFrame) -> Figure:
 # ------------------------------------------------------------------ adaptive k and noise
 def noise_trajectory(records: list[dict], task: str, *, configs=None) -> Figure:
     """Adaptive accumulation over training: the chosen k and the pooled gradient-noise scale
-    B_simple = tr(Σ)/|G|² (eqs. 6-7) per optimizer step, against samples consumed. B_simple
-    is drawn solid where the estimate was significant (|G|² interval above zero) and as
-    hollow markers where it was not (k was then held)."""
+    B_simple = tr(Σ)/|G|² (eqs. 6-7) per optimizer step, against samples consumed, one line
+    style per seed (a colour per configuration). B_simple is drawn as a line where the
+    estimate was significant (|G|² interval above zero) and as hollow markers where it was
+    not (k was then held): the line breaks there."""
     chosen = [r for r in _select(records, task, configs) if r.get("steps")]
     fig, axes = _new_figure(ncols=2, width=6.0)
     if not chosen:
         return _empty(fig, axes[0], f"no runs with per-step statistics for task {task!r}")
     colors = _palette(r["config_name"] for r in chosen)
-    seen = set()
+    seeds_seen: dict[str, int] = {}
+    weak_said = False
     for r in chosen:
         steps = r["steps"]
         samples = [s["samples_consumed"] for s in steps]
-        label = r["config_name"] if r["config_name"] not in seen else None
-        seen.add(r["config_name"])
-        axes[0].step(samples, [s["k"] for s in steps], where="post", color=colors[r["config_name"]], label=label)
-        color = colors[r["config_name"]]
+        nth = seeds_seen[r["config_name"]] = seeds_seen.get(r["config_name"], -1) + 1
+        style = dict(color=colors[r["config_name"]], ls=("-", "--", ":", "-.")[nth % 4],
+                     label=f"{r['config_name']}, seed {r.get('seed')}")
+        axes[0].step(samples, [s["k"] for s in steps], where="post", **style)
         significant = [(x, s["b_simple"] if s.get("noise_significant", True) else None)
                        for x, s in zip(samples, steps) if s.get("b_simple")]
         if any(b is not None for _, b in significant):
-            axes[1].plot([x for x, _ in significant], [math.nan if b is None else b for _, b in significant],
-                         color=color, label=label)
+            axes[1].plot([x for x, _ in significant], [math.nan if b is None else b for _, b in significant], **style)
         weak = [(x, s["b_simple"]) for x, s in zip(samples, steps)
                 if s.get("b_simple") and s.get("noise_significant") is False]
         if weak:
             axes[1].plot(*zip(*weak), linestyle="none", marker="o", markersize=3, markerfacecolor="none",
-                         color=color, label="not significant" if label else None)
+                         color=style["color"], label=None if weak_said else "not significant (k held)")
+            weak_said = True
     axes[0].set_ylabel("accumulation steps k")
     axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].set_ylabel("B_simple (samples, log scale)")

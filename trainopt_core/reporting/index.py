@@ -61,13 +61,16 @@ def caption(title: str, records: list[dict]) -> str:
 _FROM_RUN = re.compile(r"^(?P<head>.+) the run of '(?P<name>[^']+)': (?P<why>.+)$")
 
 
-def footnotes(records: list[dict], *, timing: bool = True) -> list[str]:
+def footnotes(records: list[dict], *, timing: bool = True, run_notes: bool = True) -> list[str]:
     """The notes of a table, each once: the model, the precision each configuration ran in, with
     `timing` what its timing intervals cover (where its records carry timing windows), then the
     runs' notes split into their clauses, with "from the run of 'X': why" clauses of the same why
-    merged into one ("from the runs of 'X', 'Y': why")."""
+    merged into one ("from the runs of 'X', 'Y': why"). Without `run_notes` (a table the runs'
+    records only describe, as Table IV's launches) only their clauses on precision."""
     ctx = run_context(records)
     clauses = list(dict.fromkeys(part.strip() for note in ctx["notes"] for part in _clauses(note) if part.strip()))
+    if not run_notes:
+        clauses = [clause for clause in clauses if clause.lower().startswith("precision ")]
     merged: dict[tuple[str, str], list[str]] = {}
     order: list = []
     for clause in clauses:
@@ -117,16 +120,18 @@ def footnotes_markdown(notes: list[str]) -> str:
 # what each figure of the reproduction shows, by the start of its file stem (the data it ran on is
 # in its title)
 FIGURE_CAPTIONS = {
-    "curves": "Quality vs training time (evaluation excluded): each configuration's mean over seeds (perplexity: "
-              "geometric mean) with its 95 % band, the seeds thin beneath, the target black dashed; a dashed curve "
-              "is placed by its timed speed (the note below the axes).",
+    "curves": "Quality vs training time (evaluation excluded, each run's own clock): per configuration the mean "
+              "over seeds of time and quality at each evaluation (perplexity: geometric mean), its 95 % band, the "
+              "seeds thin beneath, the target black dashed; a dashed curve is placed by its timed speed.",
     "memory_ladder": "Peak memory by category as the components are added one by one (Table III's ladder), each bar "
                      "named with the precision it ran.",
-    "noise_trajectory": "Adaptive accumulation over training, one line per seed: the k chosen and the gradient-noise "
-                        "scale it follows; hollow markers are estimates not significant (k held).",
-    "op_categories": "Where a training step's time goes: self time by operation category (torch.profiler).",
-    "plan_pareto": "The candidates auto's plan measured: time per sample against peak memory, the Pareto front "
-                   "joined, the choice ringed.",
+    "noise_trajectory": "Adaptive accumulation over training, a line style per seed: the k chosen and the "
+                        "gradient-noise scale it follows, a line where the estimate was significant, hollow markers "
+                        "where not (k held).",
+    "op_categories": "Where the training time goes: self time per item (ms) by operation category for the baseline, "
+                     "optimized and auto configurations (torch.profiler).",
+    "plan_pareto": "The candidates auto's plan measured: time per sample relative to the fp32 baseline's against "
+                   "peak memory, the Pareto front of all of them joined, the choice ringed.",
     "scaling": "Data-parallel scaling (Table IV): throughput and efficiency against world size; measured points "
                "with their 95 % intervals, modelled ones hollow and dashed, the paper's efficiencies as crosses.",
 }
@@ -262,7 +267,10 @@ def published_table(table: pd.DataFrame, name: str, title: str, records: list[di
     caption, its notes). The notebooks publish it and `render` renders it again from the records."""
     from .summary import PLUMBING  # imported here, as in write_reports_index
 
-    text, notes = caption(title, records), footnotes(records, timing=name.startswith(TIMED_TABLES))
+    # Table IV's rows come from its own launches, not from the runs: their notes (one process, their
+    # clocks and curves) are not its
+    text, notes = caption(title, records), footnotes(records, timing=name.startswith(TIMED_TABLES),
+                                                     run_notes=not name.startswith("table4_scaling"))
     shown = display if display is not None else readable_frame(table)
     empty = [c for c in shown.columns
              if all(v is None or v in ("—", "") or (isinstance(v, float) and math.isnan(v)) for v in shown[c])]

@@ -90,6 +90,9 @@ def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
                              measured=measured, verdict=r["claim_held"], auto="—"))
     frame = pd.DataFrame(rows, columns=["table", "claim", "paper", "measured", "verdict", "auto"])
     frame["category"] = [verdict_category(v) for v in frame["verdict"]]
+    # a claim not measured shows no measurement (Table III's mixed-precision rung that ran fp32 has
+    # the change of the rung before it, which says nothing of mixed precision)
+    frame.loc[frame["category"] == "not measured", "measured"] = "—"
     return frame
 
 
