@@ -173,8 +173,8 @@ and its change vs the baseline (paired like the optimized one's).
 ## Quality vs training time
 
 Evaluation quality against training time (evaluation excluded), each run on its own clock: per
-configuration the mean over its seeds of time and quality at each evaluation (equal samples;
-perplexity's geometric mean) with the 95 % band across them, each seed thin beneath; the dashed
+configuration the mean over its seeds of time and quality at each evaluation (the n-th
+evaluation of every seed; perplexity's geometric mean) with the 95 % band across them, each seed thin beneath; the dashed
 black line is the profile's target. A dashed curve is placed by its timed speed (the note below
 the axes says why). The tables' time to target is samples to target × the interleaved-timed
 seconds per sample, not a run's own clock, so it can differ from where a curve crosses the target.
@@ -270,7 +270,10 @@ marked as such in the table and drawn hollow and dashed in the figure.
 
 Each world size is launched several times, alternating (1, 2, 1, 2, ...); inside a launch the
 baseline and optimized configurations are timed in interleaved windows. Efficiency is taken per
-round and reported as mean with its 95 % CI over rounds.
+round and reported as mean with its 95 % CI over rounds. Every process computes on one thread, so
+T_1 and T_n use the same compute per replica: the 1-process throughput is below Table I's, whose
+runs use every core. The model extends from the median 1-process window (the table's measured
+throughput is the mean of the windows).
 
 **When does a claim hold?** A measured efficiency holds the paper's claim when its whole CI lies
 at most 2 points below the paper's at the same world size, is not held when the whole CI lies
@@ -370,8 +373,10 @@ the same machine.
     code('''ops = pd.concat([analysis.profile_operations(task, config, profile=profile, data_policy=data_policy,
                                             out_dir=paths.timing, plans_dir=paths.plans)
                  for task in tasks for config in ("baseline", "optimized", "auto")], ignore_index=True)
-publish_table(ops, paths, "op_categories", "Self time by operation category (torch.profiler)", records)
-display(publish_figure(figures.op_category_bars(ops, records), paths, "op_categories"))''', IGNORE),
+profiled = [r for r in reporting.load_records(reports_dir, profile, tasks=tasks)
+            if r["config_name"] in ("baseline", "optimized", "auto")]  # the runs of the profiled configurations
+publish_table(ops, paths, "op_categories", "Self time by operation category (torch.profiler)", profiled)
+display(publish_figure(figures.op_category_bars(ops, profiled), paths, "op_categories"))''', IGNORE),
     md("""
 ## Memory by category and by module type
 

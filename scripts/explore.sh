@@ -23,5 +23,11 @@ for source in "$root"/notebooks/*.ipynb; do
         echo "[explore] copied notebooks/$(basename "$source") -> lab/"
     fi
 done
+# as root (a container, a cloud VM) JupyterLab refuses to start without --allow-root: say it and pass it
+as_root=()
+if [ "$(id -u)" = 0 ] && [[ " $* " != *" --allow-root "* ]]; then
+    echo "[explore] running as root: passing --allow-root to jupyter lab" >&2
+    as_root=(--allow-root)
+fi
 # the notebooks' reports_dir "../reports" is the checkout's reports/ from lab/ as from notebooks/
-exec jupyter lab "$lab" "$@"
+exec jupyter lab "$lab" ${as_root[@]+"${as_root[@]}"} "$@"

@@ -94,8 +94,7 @@ def lab(tmp_path_factory, smoke_reports):
     log = checkout / "jupyterlab.log"
     server = subprocess.Popen(
         ["bash", str(checkout / "scripts" / "explore.sh"), "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
-         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
+         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}"],  # as root, the script adds --allow-root
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -76,7 +76,9 @@ def test_explore_opens_copies_in_an_ignored_folder_and_keeps_them(tmp_path):
 
     result = explore()
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "jupyter_args").read_text().split() == ["lab", str(checkout / "lab"), "--no-browser"]
+    as_root = ["--allow-root"] if os.geteuid() == 0 else []  # JupyterLab refuses root without it
+    assert (tmp_path / "jupyter_args").read_text().split() == ["lab", str(checkout / "lab"), *as_root, "--no-browser"]
+    assert ("passing --allow-root" in result.stderr) == bool(as_root)
     for name in NOTEBOOKS:
         assert (checkout / "lab" / name).read_bytes() == (NOTEBOOK_DIR / name).read_bytes(), name
     (checkout / "lab" / "explorer.ipynb").write_text("{}")  # the user's run and saved copy

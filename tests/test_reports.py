@@ -284,6 +284,8 @@ def test_a_mixed_precision_rung_that_ran_fp32_judges_no_claim_and_counts_as_not_
         assert verdicts == [reports.tables._component_not_run("+mixed_precision", "fp32")] * 2
         assert verdicts[0].startswith("not measured: mixed precision did not run here")
         assert shown["+mixed_precision"] == verdicts[0]  # said once, not for time and memory apart
+        changes = reports.format_ablation_table(table.reset_index()).set_index("Configuration")
+        assert changes.loc["+mixed_precision", "Measured vs baseline (95% CI)"].startswith("— (mixed precision did not")
         assert table.loc["+accumulation", "claim_held_time"] == "held"  # its own component ran
         table.reset_index().to_csv(tmp_path / "table3_ablation_resnet.csv", index=False)
         summary = verdict_summary(tmp_path).set_index("claim")
@@ -345,13 +347,17 @@ def test_caption_names_the_stand_in_and_the_precision_that_ran():
 def test_notes_are_listed_once_and_runs_with_the_same_reason_are_merged(tmp_path):
     records = paired_records()
     why = "activation checkpointing recomputes the same values, so both train bit-identically"
-    records[0]["notes"] = [f"quality curve from the run of 'A': {why}; no whole-run clock"]
-    records[1]["notes"] = [f"quality curve from the run of 'B': {why}; no whole-run clock"]
+    records[0]["notes"] = [f"quality curve from the run of 'A': {why}; no whole-run clock",
+                           "precision fp16 -> fp32 on this CPU: no bf16; mixed precision is off"]
+    records[1]["notes"] = [f"quality curve from the run of 'B': {why}; no whole-run clock; precision fp16 -> fp32 "
+                           "on this CPU: no bf16; mixed precision is off"]
     notes = reports.footnotes(records)
-    assert notes[2:] == [f"Quality curve from the runs of 'A', 'B': {why}.", "No whole-run clock."]
+    # a clause stays with its subject; a precision note two runs share is said once
+    assert sorted(notes[2:]) == ["Precision fp16 -> fp32 on this CPU: no bf16; mixed precision is off.",
+                                 f"Quality curve from the runs of 'A', 'B': {why}; no whole-run clock."]
     paths = reports.write_table(pd.DataFrame({"a": [1]}), tmp_path, "t", "c", notes=notes)
     markdown = paths["markdown"].read_text()
-    assert markdown.count("No whole-run clock") == 1 and "\n3. Quality curve from the runs of 'A', 'B'" in markdown
+    assert markdown.count("no whole-run clock") == 1 and ". Quality curve from the runs of 'A', 'B'" in markdown
 
 
 def test_write_table_rejects_a_path_as_name(tmp_path):

@@ -105,7 +105,7 @@ def test_the_summary_says_beside_its_counts_what_its_intervals_cover_and_how_it_
     (tmp_path / "previous_reference.json").write_text('{"quick": "other_machines/old/quick"}')
     first = profile_summary(tmp_path, "quick").splitlines()[0]
     assert re.search(r"Agreement with the previous reference \(`other_machines/old/quick`, CPU AMD EPYC \(2 logical cores\)\): "
-                     r"\*\*no\*\*, 1 of \d+ verdicts differ and 0 of \d+ throughput and time ratios lie outside", first)
+                     r"\*\*no\*\*, 1 of the \d+ verdict cells of Tables I-IV differ and 0 of \d+ throughput and time ratios lie outside", first)
     # its manifests do not record its kind of machine: the pointer says it
     (tmp_path / "previous_reference.json").write_text(
         '{"quick": {"folder": "other_machines/old/quick", "machine": "a CPU with AVX-512 BF16: another kind"}}')

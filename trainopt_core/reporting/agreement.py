@@ -252,7 +252,7 @@ def agreement_sentence(current: str | Path, previous: str | Path, name: str, mac
     elif kind and current_kind:
         hardware += ": the same kind of machine" if kind == current_kind else ": another kind of machine"
     return (f"Agreement with the previous reference (`{name}`, {hardware}): **{'yes' if result['agree'] else 'no'}**, "
-            f"{len(result['verdict_flips'])} of {result['verdicts_compared']} verdicts differ and "
+            f"{len(result['verdict_flips'])} of the {result['verdicts_compared']} verdict cells of Tables I-IV differ and "
             f"{len(result['ratios_outside'])} of {result['timing_ratios_compared']} throughput and time ratios lie "
             "outside the other's 95 % interval.")
 

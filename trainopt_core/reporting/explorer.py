@@ -215,10 +215,10 @@ def _why(quantity: str, predicted: float, measured: float, config: OptimizationC
     reduced = config.precision != "fp32"
     missing = measured is None or math.isnan(measured)
     category = quantity.removeprefix("memory: ")
-    if reduced and ran_fp32 and category in ("parameters", "gradients", "activations"):
+    if reduced and ran_fp32 and category in ("parameters", "gradients", "activations", "temporaries"):
         own = _why(quantity, predicted, measured, config.replace(precision="fp32"))
-        return (f"eq. 17 predicts {config.precision}; these runs ran fp32 (their CPU has no bf16 instructions), "
-                f"so no autocast ran: {own}")
+        halved = f"eq. 17 predicts {config.precision}; " if category in ("parameters", "gradients") else ""
+        return f"{halved}these runs ran fp32 (their CPU has no bf16 instructions), so no autocast ran: {own}"
     if category == "parameters":
         if reduced:
             return (f"eq. 17 assumes {config.precision} weights (half of FP32); autocast keeps the FP32 weights the "
@@ -241,20 +241,23 @@ def _why(quantity: str, predicted: float, measured: float, config: OptimizationC
                          "backward holds its activations as temporaries, while eq. 19 counts them here and assumes "
                          "equal blocks")
         if config.batch_splits > 1:
-            parts.append(f"eq. 8 scales the baseline's activations by the micro-batch (÷ {config.batch_splits})")
+            parts.append(f"eq. 8 scales the baseline's activations by the micro-batch (÷ {config.batch_splits}"
+                         + (": with adaptive k the baseline batch is split into k_min micro-batches, whatever k starts at"
+                            if config.adaptive else "") + ")")
         if reduced:
             parts.append(f"autocast saves many activations in {config.precision} (half of FP32), which eqs. 8/17 "
                          "do not model")
         return "; ".join(parts) or "the baseline's activations: the calibration point of the prediction"
     if category == "buffers":
-        return "BatchNorm running statistics; no term in the paper's equations" if not missing and measured > 0 else \
-            "no buffers in this model"
+        return ("the model's buffers (a ResNet's BatchNorm running statistics, the GPT-2's vocabulary-padding "
+                "bias); no term in the paper's equations") if not missing and measured > 0 else "no buffers in this model"
     if category == "temporaries":
-        return ("outputs awaiting their consumer, backward buffers, autocast's low-precision weight copies"
+        return ("outputs awaiting their consumer, backward buffers"
+                + (", autocast's low-precision weight copies" if reduced else "")
                 + (" and the recomputed segment's activations" if config.checkpointing is not None else "")
                 + "; no term in the paper's equations")
     if category == "total":
-        return "predicted: the sum of eq. 8's four terms; measured: the step's peak (the sum of the rows above at that moment)"
+        return "predicted: the sum of eq. 8's four terms; measured: the step's peak (the sum of every memory row at that moment)"
     if quantity.startswith("throughput"):
         return "mean of the interleaved timing windows (or each run's own clock); the equations predict no speed"
     if quantity.startswith("time to target"):

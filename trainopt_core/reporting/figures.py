@@ -201,13 +201,17 @@ def memory_breakdown_bars(records: list[dict], task: str, *, configs=None) -> Fi
 def scaling_plot(table: pd.DataFrame) -> Figure:
     """Throughput and scaling efficiency T_n/(n·T_1) vs world size; measured points solid, each
     with its 95 % interval as an error bar (an efficiency of 1 process is 1 by definition);
-    modelled points hollow with dashed lines; the paper's GPU values as crosses."""
+    modelled points hollow with dashed lines; the paper's GPU values as crosses. Each
+    configuration is drawn a little apart on x."""
     fig, axes = _new_figure(ncols=2, width=6.0)
     if table is None or len(table) == 0:
         return _empty(fig, axes[0], "no scaling rows")
     colors = _palette(table["config"])
+    configs = list(dict.fromkeys(table["config"]))
     for config, group in table.groupby("config", sort=False):
-        group = group.sort_values("world_size")
+        # each configuration a little apart on x, so error bars at the same world size do not overlap
+        shift = 0.04 * (configs.index(config) - (len(configs) - 1) / 2)
+        group = group.sort_values("world_size").assign(world_size=lambda g: g["world_size"] + shift)
         measured = group[group["source"] == "measured"]
         modelled = group[group["source"] == "modelled"]
         if len(modelled) and len(measured) and modelled["world_size"].min() > measured["world_size"].max():
@@ -246,9 +250,9 @@ def scaling_plot(table: pd.DataFrame) -> Figure:
 def noise_trajectory(records: list[dict], task: str, *, configs=None) -> Figure:
     """Adaptive accumulation over training: the chosen k and the pooled gradient-noise scale
     B_simple = tr(Σ)/|G|² (eqs. 6-7) per optimizer step, against samples consumed, one line
-    style per seed (a colour per configuration). B_simple is drawn as a line where the
-    estimate was significant (|G|² interval above zero) and as hollow markers where it was
-    not (k was then held): the line breaks there."""
+    style per seed (a colour per configuration). B_simple is drawn as a line with small filled
+    markers where the estimate was significant (|G|² interval above zero) and as hollow markers
+    where it was not (k was then held): the line breaks there."""
     chosen = [r for r in _select(records, task, configs) if r.get("steps")]
     fig, axes = _new_figure(ncols=2, width=6.0)
     if not chosen:
@@ -266,7 +270,9 @@ def noise_trajectory(records: list[dict], task: str, *, configs=None) -> Figure:
         significant = [(x, s["b_simple"] if s.get("noise_significant", True) else None)
                        for x, s in zip(samples, steps) if s.get("b_simple")]
         if any(b is not None for _, b in significant):
-            axes[1].plot([x for x, _ in significant], [math.nan if b is None else b for _, b in significant], **style)
+            # small filled markers too: a significant estimate between two that were not has no line
+            axes[1].plot([x for x, _ in significant], [math.nan if b is None else b for _, b in significant],
+                         marker="o", markersize=2, **style)
         weak = [(x, s["b_simple"]) for x, s in zip(samples, steps)
                 if s.get("b_simple") and s.get("noise_significant") is False]
         if weak:
@@ -281,7 +287,9 @@ def noise_trajectory(records: list[dict], task: str, *, configs=None) -> Figure:
     for ax in axes:
         ax.set_xlabel("samples consumed")
         if ax.has_data():
-            ax.legend(fontsize=8)
+            handles, labels = ax.get_legend_handles_labels()
+            order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("not significant"))  # seeds first
+            ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8)
     fig.suptitle(figure_title("Adaptive k and gradient-noise scale", chosen), fontsize=9)
     return fig
 

@@ -101,12 +101,14 @@ def footnotes(records: list[dict], *, timing: bool = True, run_notes: bool = Tru
 
 
 def _clauses(note: str) -> list[str]:
-    """A run's note split at its "; " outside parentheses ("auto: planned (bf16, k=2; plan record
-    ...), with ...; precision fp16 -> bf16" is two clauses)."""
+    """A run's note split before each "; precision ..." outside parentheses, the precision note
+    another configuration's run may share ("auto: planned (bf16, k=2; plan record ...), with ...;
+    precision fp16 -> bf16" is two clauses); the rest of a note stays with its subject ("quality
+    curve from the run of 'X': ...; memory and throughput measured in ...")."""
     parts, depth, start = [], 0, 0
     for i, char in enumerate(note):
         depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0 and note.startswith("; ", i):
+        if depth == 0 and note.startswith("; precision ", i):
             parts.append(note[start:i])
             start = i + 2
     return parts + [note[start:]]
@@ -126,10 +128,10 @@ FIGURE_CAPTIONS = {
     "memory_ladder": "Peak memory by category as the components are added one by one (Table III's ladder), each bar "
                      "named with the precision it ran.",
     "noise_trajectory": "Adaptive accumulation over training, a line style per seed: the k chosen and the "
-                        "gradient-noise scale it follows, a line where the estimate was significant, hollow markers "
-                        "where not (k held).",
-    "op_categories": "Where the training time goes: self time per item (ms) by operation category for the baseline, "
-                     "optimized and auto configurations (torch.profiler).",
+                        "gradient-noise scale it follows, filled markers joined where the estimate was significant, "
+                        "hollow markers (any seed) where not (k held).",
+    "op_categories": "Where the training time goes: self time per item (ms per image or token) by operation category "
+                     "for the baseline, optimized and auto configurations (torch.profiler).",
     "plan_pareto": "The candidates auto's plan measured: time per sample relative to the fp32 baseline's against "
                    "peak memory, the Pareto front of all of them joined, the choice ringed.",
     "scaling": "Data-parallel scaling (Table IV): throughput and efficiency against world size; measured points "
@@ -267,10 +269,10 @@ def published_table(table: pd.DataFrame, name: str, title: str, records: list[di
     caption, its notes). The notebooks publish it and `render` renders it again from the records."""
     from .summary import PLUMBING  # imported here, as in write_reports_index
 
-    # Table IV's rows come from its own launches, not from the runs: their notes (one process, their
-    # clocks and curves) are not its
+    # Table IV's rows and the operation profile come from their own launches, not from the runs: the
+    # runs' notes (one process, their clocks and curves) are not theirs
     text, notes = caption(title, records), footnotes(records, timing=name.startswith(TIMED_TABLES),
-                                                     run_notes=not name.startswith("table4_scaling"))
+                                                     run_notes=not name.startswith(("table4_scaling", "op_categories")))
     shown = display if display is not None else readable_frame(table)
     empty = [c for c in shown.columns
              if all(v is None or v in ("—", "") or (isinstance(v, float) and math.isnan(v)) for v in shown[c])]

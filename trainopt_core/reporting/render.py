@@ -178,9 +178,13 @@ class Renderer:
                        table_name("noise_by_phase", task), f"Adaptive k by phase: {TASK_LABELS[task]['description']}",
                        _of(self.errors, task, ["optimized"]))
 
+    def _profiled(self) -> list[dict]:
+        """The runs of the configurations notebook 04 profiles (notebook 01's)."""
+        return [r for r in self.main if r["config_name"] in ("baseline", "optimized", "auto")]
+
     def op_categories(self) -> Rendered:
         return _render(self.reports.committed("op_categories"), "op_categories",
-                       "Self time by operation category (torch.profiler)", self.errors)
+                       "Self time by operation category (torch.profiler)", self._profiled())
 
     def architecture_patterns(self) -> Rendered:
         return _render(analysis.architecture_patterns(self.errors), "architecture_patterns",
@@ -226,7 +230,7 @@ class Renderer:
             auto_runs = _of(self.main, task, ["auto"])
             out[table_name("plan_pareto", task)] = partial(plan.pareto_figure,
                                                            data=figures.data_label(auto_runs) if auto_runs else None)
-        out["op_categories"] = lambda: figures.op_category_bars(self.reports.committed("op_categories"), self.errors)
+        out["op_categories"] = lambda: figures.op_category_bars(self.reports.committed("op_categories"), self._profiled())
         return out
 
 

@@ -332,6 +332,8 @@ def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
             "Throughput": measured("throughput"),
             "Final quality": measured("final_quality"),
             "Measured vs baseline (95% CI)": "—" if is_base or r["n_seeds"] == 0 else
+            "— (mixed precision did not run: the rung before it's computation)"
+            if _component_not_run(r["config"], r["precision"]) else
             f"time {change('time')}; memory {change('memory')}; throughput {change('throughput')}",
             "Claim held?": "—" if r["claim_held_time"] == "no claim" else r["claim_held_time"]
             if r["claim_held_time"] == r["claim_held_memory"] == _component_not_run(r["config"], r["precision"]) else
