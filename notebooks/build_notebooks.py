@@ -373,8 +373,9 @@ the same machine.
     code('''ops = pd.concat([analysis.profile_operations(task, config, profile=profile, data_policy=data_policy,
                                             out_dir=paths.timing, plans_dir=paths.plans)
                  for task in tasks for config in ("baseline", "optimized", "auto")], ignore_index=True)
-profiled = [r for r in reporting.load_records(reports_dir, profile, tasks=tasks)
-            if r["config_name"] in ("baseline", "optimized", "auto")]  # the runs of the profiled configurations
+profiled_configs = ("baseline", "optimized", "auto")  # the runs of the profiled configurations, in this order
+profiled = sorted((r for r in reporting.load_records(reports_dir, profile, tasks=tasks)
+                   if r["config_name"] in profiled_configs), key=lambda r: profiled_configs.index(r["config_name"]))
 publish_table(ops, paths, "op_categories", "Self time by operation category (torch.profiler)", profiled)
 display(publish_figure(figures.op_category_bars(ops, profiled), paths, "op_categories"))''', IGNORE),
     md("""
