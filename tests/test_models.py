@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -360,3 +365,23 @@ def test_gpt2_run_conditions_name_the_model_implementation():
     assert "model_version" not in conditions("cifar10")  # ResNet records made before keep their conditions
     before = {k: v for k, v in conditions("wikitext2").items() if k != "model_version"}  # made with GPT2LMHeadModel
     assert records.condition_differences({"conditions": before}, conditions("wikitext2")) == ["model_version"]
+
+
+def test_a_process_that_builds_no_resnet_never_imports_torchvision():
+    # torchvision costs every process ~2 s (it pulls in torch._dynamo); a GPT-2 rank, a notebook kernel
+    # reading records or a CLI answering a bad flag builds no ResNet. Nor does the GPT-2 tokenizer, loaded
+    # under the hub settings, need `datasets` (~1 s, pandas and pyarrow with it).
+    code = textwrap.dedent("""
+        import sys
+        import trainopt_core, trainopt_core.reproduction.__main__
+        from trainopt_core.reproduction import models
+        from trainopt_core.reproduction.data import text
+        models.build_model("gpt2", "smoke")
+        with text._hub_settings(offline=True):
+            pass
+        print(sorted(name for name in ("torchvision", "datasets") if name in sys.modules))
+    """)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout

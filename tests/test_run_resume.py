@@ -4,6 +4,7 @@ Each run is a real child process. The child SIGKILLs itself inside its optimizer
 `kill_at` (after the step's micro-batches were drawn, before the step finished), so the kill
 points are exact while the kill itself is the real signal; a rerun resumes from the newest
 checkpoint. Records are compared in everything but the wall-clock fields."""
+import copy
 import json
 import os
 import signal
@@ -71,13 +72,29 @@ def run_child(tmp_path, task, config, out_dir, kill_at=0, world=1, backend="torc
     return result, (json.loads(lines[0][len("RECORD "):]) if lines else None)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """`uninterrupted(task, config, world=1, backend="torch")`: the record of a run that was never
+    killed, the reference a killed and resumed run is compared against. Each is trained once per
+    module (a child process, like the runs it is compared with), however many tests compare with it."""
+    records = {}
+
+    def record(task, config, world=1, backend="torch"):
+        key = (task, config, world, backend)
+        if key not in records:
+            folder = tmp_path_factory.mktemp("uninterrupted")
+            result, records[key] = run_child(folder, task, config, folder / "reference", world=world, backend=backend)
+            assert records[key] is not None, result.stderr[-3000:]
+        return copy.deepcopy(records[key])
+    return record
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["cifar10", "wikitext2"])
-def test_a_run_killed_twice_resumes_to_the_uninterrupted_record(tmp_path, task):
+def test_a_run_killed_twice_resumes_to_the_uninterrupted_record(tmp_path, task, uninterrupted):
     # the optimized rung without checkpointing: on one CPU process a checkpointed configuration
     # trains its curve without checkpointing (runner._train_curve), which is this run
-    _, reference = run_child(tmp_path, task, "-checkpointing", tmp_path / "reference")
-    assert reference is not None
+    reference = uninterrupted(task, "-checkpointing")
     out = tmp_path / "interrupted"
     for kill_at in (3, 4):  # no checkpoint before the memory-tracked step (smoke: step 1) has run
         result, record = run_child(tmp_path, task, "-checkpointing", out, kill_at=kill_at)
@@ -92,13 +109,12 @@ def test_a_run_killed_twice_resumes_to_the_uninterrupted_record(tmp_path, task):
 
 
 @pytest.mark.slow
-def test_a_deepspeed_run_resumes_through_deepspeeds_checkpoints(tmp_path):
+def test_a_deepspeed_run_resumes_through_deepspeeds_checkpoints(tmp_path, uninterrupted):
     # fp32 ZeRO-2 with adaptive k, schedule and checkpointing (the optimized rung without mixed
     # precision): under DeepSpeed bf16 the ResNet's evaluation fails on CPU (BatchNorm in eval mode
     # gets bf16 activations and fp32 running statistics), with or without checkpoints
     pytest.importorskip("deepspeed")
-    _, reference = run_child(tmp_path, "cifar10", "-mixed_precision", tmp_path / "reference", backend="deepspeed")
-    assert reference is not None
+    reference = uninterrupted("cifar10", "-mixed_precision", backend="deepspeed")
     out = tmp_path / "interrupted"
     result, _ = run_child(tmp_path, "cifar10", "-mixed_precision", out, kill_at=4, backend="deepspeed")
     assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
@@ -120,10 +136,11 @@ def test_no_checkpoint_before_the_memory_tracked_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path):
-    _, reference = run_child(tmp_path, "cifar10", "baseline", tmp_path / "reference")
+def test_a_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, uninterrupted):
+    # the killed-twice test's configuration, whose uninterrupted run is trained once for both
+    reference = uninterrupted("cifar10", "-checkpointing")
     out = tmp_path / "interrupted"
-    result, _ = run_child(tmp_path, "cifar10", "baseline", out, kill_at=5)
+    result, _ = run_child(tmp_path, "cifar10", "-checkpointing", out, kill_at=5)
     assert result.returncode == -signal.SIGKILL
     (directory,) = (out / ".checkpoints").iterdir()
     newest, previous = resume.steps_saved(directory, 0)
@@ -131,16 +148,15 @@ def test_a_corrupt_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path):
     path = directory / f"step{newest:07d}.rank0.pt"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # half-written
     (directory / "step0000009.rank0.pt.partial").write_bytes(b"killed while writing")
-    result, resumed = run_child(tmp_path, "cifar10", "baseline", out)
+    result, resumed = run_child(tmp_path, "cifar10", "-checkpointing", out)
     assert result.returncode == 0, result.stderr[-3000:]
     assert any("after optimizer step 3" in note for note in resumed["notes"])
     assert not record_differences(reference, resumed)
 
 
 @pytest.mark.slow
-def test_a_ddp_run_whose_rank_is_killed_resumes_to_the_uninterrupted_record(tmp_path):
-    _, reference = run_child(tmp_path, "cifar10", "optimized", tmp_path / "reference", world=2)
-    assert reference is not None
+def test_a_ddp_run_whose_rank_is_killed_resumes_to_the_uninterrupted_record(tmp_path, uninterrupted):
+    reference = uninterrupted("cifar10", "optimized", world=2)
     out = tmp_path / "interrupted"
     result, record = run_child(tmp_path, "cifar10", "optimized", out, kill_at=3, world=2)
     assert result.returncode != 0 and record is None  # rank 1 died: the launcher stops the job

@@ -1,7 +1,8 @@
 """The paper's experiments (§IV): what the notebooks run to check its claims.
 
     data/       CIFAR-10 / WikiText-2, or labeled stand-ins offline; batches of whole tensors
-    models.py   the CIFAR-stem bottleneck ResNet and GPT-2, sized per profile; analytic FLOPs
+    models.py   the CIFAR-stem bottleneck ResNet (resnet.py) and GPT-2 (gpt2.py), sized per
+                profile; analytic FLOPs
     tasks.py    (model, data, loss, evaluation) bundles for the runner
     profiles.py smoke / quick / paper: how big and how long each task runs, as data
     runner.py   one training run through `prepare()` -> one JSON run record

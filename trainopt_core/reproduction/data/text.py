@@ -19,6 +19,7 @@ import importlib.resources
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import urllib.parse
 from dataclasses import dataclass
@@ -82,9 +83,10 @@ def _hub_settings(*, offline: bool, timeout_s: float = DOWNLOAD_TIMEOUT_S):
     patches = [(hub_constants, "HF_HUB_OFFLINE", offline),
                (hub_constants, "HF_HUB_ETAG_TIMEOUT", int(timeout_s)),
                (hub_constants, "HF_HUB_DOWNLOAD_TIMEOUT", int(timeout_s))]
-    with contextlib.suppress(ImportError):
-        import datasets.config as datasets_config
-
+    # datasets keeps its own copy, patched where it is loaded (the WikiText-2 loader imports it
+    # first); the tokenizer does not read it, and importing it (with pandas, pyarrow) costs ~1 s.
+    datasets_config = sys.modules.get("datasets.config")
+    if datasets_config is not None:
         patches.append((datasets_config, "HF_HUB_OFFLINE", offline))
         if hasattr(datasets_config, "HF_DATASETS_OFFLINE"):
             patches.append((datasets_config, "HF_DATASETS_OFFLINE", offline))
