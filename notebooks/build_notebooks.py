@@ -244,7 +244,7 @@ machine: notebook 1 shows the plan), then leave-one-out (each removes one compon
 ## Where the memory goes along the ladder
 
 Memory by category at the tracked training step (parameters, gradients, optimizer state,
-activations, temporaries; buffers, BatchNorm's statistics, are too small to see); the black line is
+activations, temporaries; buffers, such as a ResNet's BatchNorm statistics, are too small to see); the black line is
 the measured peak, and each bar names the precision it ran (a mixed-precision rung that ran fp32
 computes what the rung before it does). The breakdown is a snapshot at the step's peak: without
 accumulation it comes as backward begins, before gradients exist; with checkpointing the recomputed

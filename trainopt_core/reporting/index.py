@@ -122,14 +122,18 @@ def footnotes_markdown(notes: list[str]) -> str:
 # what each figure of the reproduction shows, by the start of its file stem (the data it ran on is
 # in its title)
 FIGURE_CAPTIONS = {
+    "curves_gpt2": "Quality vs training time (evaluation excluded, each run's own clock): per configuration the "
+                   "geometric mean over seeds of perplexity at each evaluation, its 95 % band, the seeds thin beneath, "
+                   "the target black dashed; a dashed curve is its twin's without checkpointing, placed by its timed "
+                   "speed.",
     "curves": "Quality vs training time (evaluation excluded, each run's own clock): per configuration the mean "
-              "over seeds of time and quality at each evaluation (perplexity: geometric mean), its 95 % band, the "
-              "seeds thin beneath, the target black dashed; a dashed curve is placed by its timed speed.",
-    "memory_ladder": "Peak memory by category as the components are added one by one (Table III's ladder), each bar "
-                     "named with the precision it ran.",
-    "noise_trajectory": "Adaptive accumulation over training, a line style per seed: the k chosen and the "
-                        "gradient-noise scale it follows, filled markers joined where the estimate was significant, "
-                        "hollow markers (any seed) where not (k held).",
+              "over seeds of time and quality at each evaluation, its 95 % band, the seeds thin beneath, the target "
+              "black dashed; a dashed curve is its twin's without checkpointing, placed by its timed speed.",
+    "memory_ladder": "Peak memory by category as the components are added one by one (Table III's ladder, then "
+                     "+zero2 and optimized), each bar named with the precision it ran.",
+    "noise_trajectory": "Adaptive accumulation over training, a line style per seed: the k chosen (left) and the "
+                        "gradient-noise scale it follows (right), filled markers where the estimate was significant, "
+                        "joined where consecutive, hollow markers (any seed) where not (k held).",
     "op_categories": "Where the training time goes: self time per item (ms per image or token) by operation category "
                      "for the baseline, optimized and auto configurations (torch.profiler).",
     "plan_pareto": "The candidates auto's plan measured: time per sample relative to the fp32 baseline's against "
