@@ -309,6 +309,7 @@ def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
             continue
 
         windows = r.get("timing_windows", math.nan)
+        not_run = _component_not_run(r["config"], r["precision"])
 
         def measured(key):
             return format_value(r[f"{key}_mean"], key, unit=_measured_unit(key, r["task"]),
@@ -332,11 +333,10 @@ def format_ablation_table(table: pd.DataFrame) -> pd.DataFrame:
             "Throughput": measured("throughput"),
             "Final quality": measured("final_quality"),
             "Measured vs baseline (95% CI)": "—" if is_base or r["n_seeds"] == 0 else
-            "— (mixed precision did not run: the rung before it's computation)"
-            if _component_not_run(r["config"], r["precision"]) else
+            "— (mixed precision did not run: the rung before it's computation)" if not_run else
             f"time {change('time')}; memory {change('memory')}; throughput {change('throughput')}",
             "Claim held?": "—" if r["claim_held_time"] == "no claim" else r["claim_held_time"]
-            if r["claim_held_time"] == r["claim_held_memory"] == _component_not_run(r["config"], r["precision"]) else
+            if r["claim_held_time"] == r["claim_held_memory"] == not_run else
             f"time: {r['claim_held_time']}; memory: {r['claim_held_memory']}",
         })
     return pd.DataFrame(rows)
