@@ -1,5 +1,8 @@
+import contextlib
+import ipaddress
 import json
 import os
+import socket
 import shutil
 import subprocess
 import sys
@@ -29,6 +32,58 @@ def load_script(relative_path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def is_loopback_address(address) -> bool:
+    """Whether a socket address is loopback (127.0.0.0/8, ::1, 'localhost') or no network address
+    at all (a Unix socket's path)."""
+    if not isinstance(address, tuple):
+        return True  # AF_UNIX: a path
+    host = address[0]
+    if host in ("localhost", ""):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a host name: its look-up would leave the machine
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+@contextlib.contextmanager
+def loopback_only():
+    """Within it, a connection of this process to an address other than loopback is refused
+    (ConnectionRefusedError, before any packet) and listed in the list it yields."""
+    refused, connect, connect_ex = [], socket.socket.connect, socket.socket.connect_ex
+
+    def check(address):
+        if not is_loopback_address(address):
+            refused.append(tuple(address[:2]))
+            raise ConnectionRefusedError(f"tests reach loopback only (127.0.0.0/8, ::1): refused {address!r}")
+
+    def guarded_connect(sock, address):
+        check(address)
+        return connect(sock, address)
+
+    def guarded_connect_ex(sock, address):
+        try:
+            check(address)
+        except ConnectionRefusedError:
+            return 111  # ECONNREFUSED
+        return connect_ex(sock, address)
+
+    socket.socket.connect, socket.socket.connect_ex = guarded_connect, guarded_connect_ex
+    try:
+        yield refused
+    finally:
+        socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only():
+    """Every test: its process connects to loopback only; any other address fails the test."""
+    with loopback_only() as refused:
+        yield
+    assert not refused, f"the test tried to connect to addresses other than loopback: {refused}"
 
 
 @pytest.fixture(autouse=True)

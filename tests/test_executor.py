@@ -2,6 +2,7 @@
 machine a section's smoke grid gives the records a sequential run gives, in every deterministic
 field; a worker killed mid-run (SIGKILL, from outside) is retried by Ray and the run resumes from
 its in-run checkpoint; without Ray the error says how to install it."""
+import contextlib
 import os
 import signal
 import socket
@@ -50,17 +51,40 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.parametrize("where", ["a free port of this machine", "a non-routable address"])
-def test_an_unreachable_ray_address_is_refused_naming_the_flag_within_30_s(where):
-    if where == "a non-routable address":
-        pytest.importorskip("ray")  # where a proxy accepts every connection, Ray's GCS client tells
-    address = f"127.0.0.1:{_free_port()}" if where.startswith("a free") else "10.255.255.1:6379"
-    started = time.perf_counter()
-    with pytest.raises(ValueError) as refused:
-        executor.check_ray_address(address, "--ray-address")
-    assert time.perf_counter() - started < 30
+@contextlib.contextmanager
+def _loopback_address(kind: str):
+    """A HOST:PORT on 127.0.0.1 that no Ray cluster answers: "closed" (nothing listens: refused at
+    once), "silent" (a listener whose kernel accepts every connection and that never sends a byte:
+    what a proxy or a firewall in front of a dead head looks like), "unanswering" (a listener whose
+    accept queue is full: the SYN is dropped and the connection never opens, as to a host that is
+    gone). Tests reach loopback only, never another address."""
+    if kind == "closed":
+        yield f"127.0.0.1:{_free_port()}"
+        return
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.socket())
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0 if kind == "unanswering" else 64)
+        port = listener.getsockname()[1]
+        if kind == "unanswering":  # fill the queue of one: later connections wait for ever
+            filler = stack.enter_context(socket.socket())
+            filler.connect(("127.0.0.1", port))
+        yield f"127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("kind", ["closed", "silent", "unanswering"])
+def test_an_unreachable_ray_address_is_refused_naming_the_flag_within_30_s(kind):
+    if kind == "silent":
+        pytest.importorskip("ray")  # the TCP connection opens: only Ray's GCS client finds no cluster there
+    with _loopback_address(kind) as address:
+        started = time.perf_counter()
+        with pytest.raises(ValueError) as refused:
+            executor.check_ray_address(address, "--ray-address")
+        assert time.perf_counter() - started < 30
     assert str(refused.value).startswith(f"--ray-address={address!r} is invalid: allowed 'auto'")
     assert "HOST:PORT of a running cluster's head" in str(refused.value)
+    if kind == "silent":
+        assert "a connection opened, but no Ray GCS answered" in str(refused.value)
 
 
 @pytest.mark.parametrize("address", ["nonsense", "host:99999", "http://host:6379", "host:6379/path"])

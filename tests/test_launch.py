@@ -175,20 +175,20 @@ def test_default_threads_split_cores_between_processes():
 
 def test_dry_run_builds_multinode_torchrun_command_that_torchrun_parses():
     result = _run_cli("--nproc", "4", "--nnodes", "2", "--node-rank", "1", "--master-addr",
-                      "10.1.2.3", "--master-port", "29611", "--threads-per-process", "3",
+                      "127.0.0.2", "--master-port", "29611", "--threads-per-process", "3",
                       "--dry-run", "--", "--task", "resnet50", "--profile", "smoke")
     assert result.returncode == 0, result.stderr
     line = result.stdout.strip()
     assert "OMP_NUM_THREADS=3" in line and "TRAINOPT_THREADS_PER_PROCESS=3" in line
     cmd = launch.build_launch_command(4, ["--task", "resnet50", "--profile", "smoke"],
-                                      nnodes=2, node_rank=1, master_addr="10.1.2.3",
+                                      nnodes=2, node_rank=1, master_addr="127.0.0.2",
                                       master_port=29611)
     assert line.endswith(" ".join(cmd[1:]))  # same command as the API builds
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     from torch.distributed.run import get_args_parser
     parsed = get_args_parser().parse_args(cmd[3:])
     assert parsed.nproc_per_node == "4" and parsed.nnodes == "2" and parsed.node_rank == 1
-    assert parsed.master_addr == "10.1.2.3" and parsed.master_port == 29611
+    assert parsed.master_addr == "127.0.0.2" and parsed.master_port == 29611
     assert parsed.module and parsed.training_script == "trainopt_core.reproduction"
     assert parsed.training_script_args == ["--task", "resnet50", "--profile", "smoke"]
 
@@ -198,16 +198,16 @@ def test_deepspeed_command_is_accepted_by_deepspeed_runner(tmp_path):
     from deepspeed.launcher.runner import parse_args
     hostfile = tmp_path / "hostfile"
     cmd = launch.build_launch_command(2, ["--x", "1"], nnodes=2, node_rank=1,
-                                      master_addr="10.1.2.3", use_deepspeed=True,
+                                      master_addr="127.0.0.2", use_deepspeed=True,
                                       hostfile=str(hostfile), module="launch_target")
     assert cmd[1:3] == ["-m", "deepspeed.launcher.runner"]
     parsed = parse_args(cmd[3:])
     assert (parsed.num_gpus, parsed.num_nodes, parsed.node_rank) == (2, 2, 1)
     assert parsed.no_ssh and parsed.no_local_rank and parsed.module
-    assert parsed.master_addr == "10.1.2.3" and parsed.master_port == 29500
+    assert parsed.master_addr == "127.0.0.2" and parsed.master_port == 29500
     assert parsed.user_script == "launch_target" and parsed.user_args == ["--x", "1"]
     with pytest.raises(ValueError, match="hostfile"):
-        launch.build_launch_command(2, nnodes=2, master_addr="10.1.2.3", use_deepspeed=True)
+        launch.build_launch_command(2, nnodes=2, master_addr="127.0.0.2", use_deepspeed=True)
     with pytest.raises(ValueError, match="master_addr"):
         launch.build_launch_command(2, nnodes=2)
 
