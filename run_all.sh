@@ -28,7 +28,7 @@ measured again; those made here are reused, so an interrupted reproduction resum
   --profile      smoke (a plumbing check, not evidence), quick (default; a 2-core CPU in well under an hour),
                  paper (the paper's setup; needs GPUs and the real data sets)
                  gpu (the paper's models and batches in short runs: about 6 minutes of one H100)
-  --seeds N      seeds per configuration, N >= 1 (default 3: the fewest with a usable 95 % CI)
+  --seeds N      seeds per configuration, 1 <= N <= 1000 (default 3: the fewest with a usable 95 % CI)
   --sections     comma-separated subset of $SECTIONS_ALL, each once (default: all, in this order)
   --tasks        comma-separated subset of cifar10,wikitext2, each once (default: both)
   --data-policy  auto (default: real data when present, else a labeled stand-in), real, standin
@@ -83,7 +83,10 @@ while [ $# -gt 0 ]; do
 done
 
 case "$profile" in smoke|quick|paper|gpu) ;; *) fail_usage "--profile '$profile' is invalid: allowed smoke, quick, paper, gpu" ;; esac
-[[ "$seeds" =~ ^[1-9][0-9]*$ ]] || fail_usage "--seeds '$seeds' is invalid: allowed an integer >= 1"
+# 1..MAX_SEEDS: more would be weeks of runs, and a 20-digit count overflows bash's integers
+MAX_SEEDS=1000
+{ [[ "$seeds" =~ ^[1-9][0-9]{0,3}$ ]] && [ "$seeds" -le "$MAX_SEEDS" ]; } \
+    || fail_usage "--seeds '$seeds' is invalid: allowed an integer from 1 to $MAX_SEEDS"
 case "$data_policy" in auto|real|standin) ;; *) fail_usage "--data-policy '$data_policy' is invalid: allowed auto, real, standin" ;; esac
 case "$executor" in local|ray) ;; *) fail_usage "--executor '$executor' is invalid: allowed local, ray" ;; esac
 case "$given" in *" --ray-address "*)

@@ -112,7 +112,7 @@ def test_stored_notebooks_are_what_the_generator_writes(tmp_path):
 
 def test_run_all_rejects_bad_arguments_naming_value_and_allowed(tmp_path):
     for args, message in ((["--profile", "huge"], "--profile 'huge' is invalid: allowed smoke, quick, paper, gpu"),
-                          (["--seeds", "0"], "--seeds '0' is invalid"),
+                          (["--seeds", "0"], "--seeds '0' is invalid: allowed an integer from 1 to 1000"),
                           (["--sections", "01,07"], "'07' is invalid"),
                           (["--frobnicate"], "unknown argument '--frobnicate'"),
                           (["--executor", "dask"], "--executor 'dask' is invalid: allowed local, ray"),
