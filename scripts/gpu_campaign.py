@@ -43,7 +43,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+print("[campaign] importing torch and trainopt_core (seconds; longer on a first run) ...", file=sys.stderr,
+      flush=True)  # a sign of life before the imports
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

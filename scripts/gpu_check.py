@@ -25,14 +25,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
-import torch
+print("[gpu_check] importing torch and trainopt_core (seconds; longer on a first run) ...", file=sys.stderr,
+      flush=True)  # a sign of life before the imports
 
-from trainopt_core import measure
-from trainopt_core.reporting.index import markdown_table
-from trainopt_core.reporting.analysis.profiling import measure_recompute_overhead
-from trainopt_core.reproduction import runner
-from trainopt_core.reproduction.profiles import PROFILES, TASKS
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from trainopt_core import measure  # noqa: E402
+from trainopt_core.reporting.index import markdown_table  # noqa: E402
+from trainopt_core.reporting.analysis.profiling import measure_recompute_overhead  # noqa: E402
+from trainopt_core.reproduction import runner  # noqa: E402
+from trainopt_core.reproduction.profiles import PROFILES, TASKS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("baseline", "optimized")
@@ -121,9 +124,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     (out / "environment.json").write_text(json.dumps(measure.run_manifest(profile=args.profile, device=device), indent=1))
+    if not args.no_tests:
+        print("[gpu_check] the GPU tests (pytest -m gpu tests/test_gpu.py) ...", flush=True)
     tests = None if args.no_tests else run_tests(out)
     records, overheads = [], {}
     for task in args.tasks:
+        print(f"[gpu_check] {task}: {', '.join(CONFIGS)}, {args.steps} optimizer steps each, then checkpointing's "
+              "recompute overhead ...", flush=True)
         for config in CONFIGS:
             record = truncated_run(task, config, args)
             records.append(record)

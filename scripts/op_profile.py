@@ -12,14 +12,18 @@ holds every row; the table printed is self time per trained item (ms) by categor
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-import pandas as pd
+print("[op_profile] importing torch and trainopt_core (seconds; longer on a first run) ...", file=sys.stderr,
+      flush=True)  # a sign of life before the imports
 
-from trainopt_core.config import OptimizationConfig
-from trainopt_core.reporting import analysis
-from trainopt_core.reproduction.autoplan import load_plan_record, plan_path
-from trainopt_core.reproduction.profiles import PROFILES, TASKS
+import pandas as pd  # noqa: E402
+
+from trainopt_core.config import OptimizationConfig  # noqa: E402
+from trainopt_core.reporting import analysis  # noqa: E402
+from trainopt_core.reproduction.autoplan import load_plan_record, plan_path  # noqa: E402
+from trainopt_core.reproduction.profiles import PROFILES, TASKS  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -46,8 +50,11 @@ def main(argv=None) -> pd.DataFrame:
         configs: list = ["baseline", "optimized"]
         if args.plans is not None:
             configs.append(OptimizationConfig.from_dict(load_plan_record(args.plans, task)["config"]))
-        frames += [analysis.profile_operations(task, config, profile=args.profile, steps=args.steps,
-                                               out_dir=args.out) for config in configs]
+        for config in configs:
+            name = config if isinstance(config, str) else "auto"
+            print(f"[op_profile] {task} {name}: {args.steps} optimizer steps under torch.profiler ...", flush=True)
+            frames.append(analysis.profile_operations(task, config, profile=args.profile, steps=args.steps,
+                                                      out_dir=args.out))
     ops = pd.concat(frames, ignore_index=True)
     ops.to_csv(args.out / "op_categories.csv", index=False)
     per_item = ops.pivot_table(index=["task", "category"], columns="config", values="time_per_item_ms", sort=False)

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+print("[ray_kill_cost] importing torch, Ray and trainopt_core (seconds; longer on a first run) ...", file=sys.stderr,
+      flush=True)  # a sign of life before the imports
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
@@ -93,6 +95,8 @@ def main(root: Path) -> None:
     import ray
 
     torch.set_num_threads(1)  # as the workers train (cpus_per_run=1): the same reductions, the same bits
+    print(f"[ray_kill_cost] a local Ray cluster, a sequential run, then (plain, killed) x {REPEATS} "
+          "(about 2.5 min on a 2-core CPU) ...", flush=True)
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         reference = run(*ITEM[:2], seed=0, out_dir=root / "sequential", progress=False, **OPTIONS, **STANDIN)

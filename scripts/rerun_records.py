@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     group.add_argument("--compare", type=Path, help="compare with the records in this folder")
     args = parser.parse_args(argv)
     if args.out is not None:
+        count = sum(not p.name.endswith(".partial.json") for p in args.reference.glob("*.json"))
+        print(f"re-running the {count} run records of {args.reference} into {args.out} (each a whole training run; "
+              "a line as each ends) ...", flush=True)
         rerun(args.reference, args.out)
     return compare(args.reference, args.out or args.compare)
 
