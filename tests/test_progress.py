@@ -96,3 +96,36 @@ def test_every_long_notebook_cell_says_it_still_runs(tmp_path):
     said = "".join(o.get("text", "") for o in cells[1].outputs)
     assert said.count("… still running: ") >= 2, said
     assert cells[2].outputs == []  # a short cell says nothing, and no line strays into it
+
+
+def test_the_samples_trained_never_pass_the_runs_length_where_the_last_batch_does(tmp_path, monkeypatch):
+    import re
+
+    from trainopt_core.reproduction import runner
+
+    details, bars = [], []
+
+    class Bar:  # tqdm's bar, keeping the counts it was given
+        def __init__(self, total, initial=0, **_):
+            self.total, self.n = total, initial
+            bars.append(self)
+            self.shown = [initial]
+
+        def update(self, n):
+            self.n += n
+            self.shown.append(self.n)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(runner, "tqdm", Bar)
+    monkeypatch.setattr(progress, "detail", details.append)
+    # the optimized smoke run's adaptive k ends on a batch past its 256 samples (it trains 304)
+    record = runner.run("cifar10", "optimized", profile="smoke", out_dir=tmp_path, data_policy="standin", progress=False)
+    total = bars[0].total
+    assert max(step["samples_consumed"] for step in record["steps"]) > total  # the run does pass it
+    counts = [tuple(int(n.replace(",", "")) for n in re.search(r"([\d,]+) of ([\d,]+) samples", text).groups())
+              for text in details]
+    assert counts and all(shown <= of for shown, of in counts), counts
+    assert all(shown <= bar.total for bar in bars for shown in bar.shown)
+    assert (total, total) in counts  # the count reaches the total

@@ -190,7 +190,7 @@ def run(
         resume.restore_position(carried, throughput, batches)
         notes.append(f"resumed from its in-run checkpoint after optimizer step {carried['step']} "
                      f"(a previous attempt was interrupted; wall-clock fields cover the attempts' training)")
-    bar = tqdm(total=total_samples, initial=engine.samples_consumed, desc=f"{task} {cfg.name} seed {seed}",
+    bar = tqdm(total=total_samples, initial=samples_shown(engine.samples_consumed, total_samples), desc=f"{task} {cfg.name} seed {seed}",
                unit="sample", disable=not options.progress or rank != 0, leave=False)
     energy = measure.EnergyMeter(device)
     energy.start()
@@ -218,8 +218,9 @@ def run(
                 throughput.add_step(step_items, step_s)
             steps.append(dict(step=engine.optimizer_steps, time_s=round(train_time_s, 4), loss=step_loss,
                               **step_record_fields(engine)))
-            bar.update(steps[-1]["effective_batch_size"])
-            progress.detail(f"{cfg.name}: {engine.samples_consumed:,} of {total_samples:,} samples trained")
+            shown = samples_shown(engine.samples_consumed, total_samples)
+            bar.update(shown - bar.n)
+            progress.detail(f"{cfg.name}: {shown:,} of {total_samples:,} samples trained")
             # Not before the step whose memory is broken down has run: resumed in a fresh process,
             # that step would be the process's first, and the record's memory must not depend on
             # where the run was killed (on a CPU it no longer does, DDP's buckets included: docs/verdicts.md).
@@ -336,6 +337,13 @@ _STEP_FIELDS = dict(lr="last_lr", k="next_k_micro_batches", effective_batch_size
                     sigma_sq="sigma_sq", grad_sq="grad_sq", grad_sq_half_width="grad_sq_half_width",
                     b_simple="b_simple_items", noise_significant="noise_significant", k_reason="k_reason",
                     sigma_target="sigma_target", samples_consumed="samples_consumed")
+
+
+def samples_shown(consumed: int, total: int) -> int:
+    """Samples trained as the progress lines count them: never past the run's length. The last
+    optimizer step takes a whole effective batch and may pass it (304 of 256 samples); the record
+    keeps the true count."""
+    return min(consumed, total)
 
 
 def step_record_fields(engine) -> dict:
