@@ -190,8 +190,8 @@ def run(
         resume.restore_position(carried, throughput, batches)
         notes.append(f"resumed from its in-run checkpoint after optimizer step {carried['step']} "
                      f"(a previous attempt was interrupted; wall-clock fields cover the attempts' training)")
-    bar = tqdm(total=total_samples, initial=samples_shown(engine.samples_consumed, total_samples), desc=f"{task} {cfg.name} seed {seed}",
-               unit="sample", disable=not options.progress or rank != 0, leave=False)
+    bar = tqdm(total=total_samples, initial=samples_shown(engine.samples_consumed, total_samples),
+               desc=f"{task} {cfg.name} seed {seed}", unit="sample", disable=not options.progress or rank != 0, leave=False)
     energy = measure.EnergyMeter(device)
     energy.start()
     wall_start = time.perf_counter() - (carried["wall_s"] if carried else 0.0)
