@@ -49,15 +49,37 @@ LATER_FIELD_DEFAULTS = {"checkpoint_policy": "full", "compile": False, "optimize
 FORMER_K_RULE = "noise_scale"
 
 
+# Fields read only by one component, at the value they hash with where that component is off: a
+# fixed k reads no k range, rule or noise window; a constant schedule no cosine floor; a precision
+# without a loss scaler no loss-scale settings. Two configurations that compute the same run then
+# hash alike (the values are the defaults, so records made before this rule keep their hashes).
+UNREAD_WITHOUT = {
+    "adaptive": {"k_min": 1, "k_max": 1, "k_rule": FORMER_K_RULE, "sigma_target": None, "noise_window": 8},
+    "cosine": {"min_lr_ratio": 0.1},
+    "fp16": {"initial_loss_scale": 2.0**16, "loss_scale_growth_interval": 2000},
+}
+
+
+def _unread_fields(fields: dict) -> dict:
+    """The fields `fields` never reads (UNREAD_WITHOUT), at the values they hash with."""
+    unread = {}
+    if not fields.get("adaptive", False):
+        unread.update(UNREAD_WITHOUT["adaptive"])
+    if fields.get("schedule", "constant") == "constant":
+        unread.update(UNREAD_WITHOUT["cosine"])
+    if fields.get("precision", "fp32") not in ("fp16", "auto"):  # "auto" may become fp16
+        unread.update(UNREAD_WITHOUT["fp16"])
+    return unread
+
+
 def computation_part(fields: dict) -> dict:
     """A configuration dict (as a record stores it) without its guards and without the later
-    fields at their defaults, with a fixed-k configuration's unread k_rule at its former default
-    and its lr_scaling default (None) as the False it means there: what `config_hash` and record
-    comparisons read."""
+    fields at their defaults, with the fields its components never read at fixed values
+    (`UNREAD_WITHOUT`) and its lr_scaling default (None) as the False it means for a fixed k: what
+    `config_hash` and record comparisons read."""
     part = {key: value for key, value in fields.items()
             if key not in GUARD_FIELDS and not (key in LATER_FIELD_DEFAULTS and value == LATER_FIELD_DEFAULTS[key])}
-    if "k_rule" in part and not part.get("adaptive", False):
-        part["k_rule"] = FORMER_K_RULE
+    part.update({key: value for key, value in _unread_fields(fields).items() if key in part})
     # lr_scaling's default is off for a fixed k, as False was before it; with adaptive k it scales
     # from the starting k's batch (`lr_batch_splits`), not k_min's as True does: a computation of its own
     if "lr_scaling" in part and part["lr_scaling"] is None and not part.get("adaptive", False):
@@ -218,6 +240,9 @@ class OptimizationConfig:
         if self.checkpoint_policy != "full" and self.checkpointing is None:
             _fail("checkpoint_policy", self.checkpoint_policy, "'full' while checkpointing is None (set checkpointing "
                   "to 'sqrt' or a number of segments to checkpoint selectively)")
+        if self.schedule == "constant" and self.warmup_fraction != 0:
+            _fail("warmup_fraction", self.warmup_fraction, "0 with schedule 'constant', which has no warmup (set "
+                  "schedule='cosine' for eq. 10's warmup and cosine)")
         if self.compile_mode != "default" and not self.compile:
             _fail("compile_mode", self.compile_mode, "'default' while compile is False (set compile=True to compile "
                   "in another mode)")
