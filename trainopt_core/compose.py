@@ -7,7 +7,6 @@ DDP model all-reduce in the reduced precision (eq. 17), and picks the engine: th
 from __future__ import annotations
 
 import importlib.util
-import math
 
 import torch
 
@@ -17,6 +16,7 @@ from ._errors import fail
 from .checkpointing import SUPPORTED_MODELS, apply_activation_checkpointing, has_block_sequence, unalias_checkpoint_blocks
 from .config import OptimizationConfig, use_expandable_segments
 from .engine import TrainingEngine, model_device
+from .engine_arguments import EngineArguments, is_count
 
 BACKENDS = ("torch", "deepspeed", "auto")
 
@@ -57,10 +57,6 @@ def use_optimizer_impl(optimizer: torch.optim.Optimizer, impl: str) -> None:
         optimizer._step_supports_amp_scaling = True  # the fused step unscales and skips inf itself
 
 
-def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
 def _device_available(device: torch.device) -> bool:
     """Whether this machine has `device` (a CUDA GPU of that index, an MPS or XPU device, ...)."""
     if device.type == "cpu":
@@ -86,29 +82,55 @@ def _check_device(device) -> None:
         fail("device", device, allowed + ("" if torch.cuda.is_available() else " (torch.cuda.is_available() is False)"))
 
 
-def _check_arguments(model, optimizer, config, *, micro_batch_size, device, world_size, checkpoint_model, backend,
-                     min_lr) -> None:
-    """prepare()'s arguments, each refused naming it and what is allowed (the schedule's horizon
-    and warmup are the schedule's to check)."""
+def _check_arguments(model, optimizer, config, *, device, world_size, checkpoint_model, backend) -> None:
+    """prepare()'s arguments, each refused naming it and what is allowed (the run's shape and
+    schedule are `EngineArguments`' to check, how the horizon and warmup combine the schedule's)."""
     if not isinstance(model, torch.nn.Module):
         fail("model", model, "a torch.nn.Module (or a DistributedDataParallel of one)")
     if not isinstance(optimizer, torch.optim.Optimizer):
         fail("optimizer", optimizer, "a torch.optim.Optimizer over the model's parameters")
     if not isinstance(config, OptimizationConfig):
         fail("config", config, "an OptimizationConfig")
-    if not _is_count(micro_batch_size):
-        fail("micro_batch_size", micro_batch_size, "an integer >= 1 (samples per micro-batch on each process)")
     if device is not None:
         _check_device(device)
-    if world_size is not None and not _is_count(world_size):
+    if world_size is not None and not is_count(world_size):
         fail("world_size", world_size, "None (torch.distributed's) or an integer >= 1")
     if checkpoint_model is not None and not isinstance(checkpoint_model, torch.nn.Module):
         fail("checkpoint_model", checkpoint_model, "None (the model) or the torch.nn.Module whose blocks are checkpointed")
     if backend not in BACKENDS or not isinstance(backend, str):
         fail("backend", backend, f"one of {BACKENDS}")
-    if min_lr is not None and not (isinstance(min_lr, (int, float)) and not isinstance(min_lr, bool)
-                                   and math.isfinite(min_lr) and min_lr >= 0):
-        fail("min_lr", min_lr, "None (the configuration's min_lr_ratio x the base LR) or an LR >= 0")
+    _check_optimizer_trains_model(model, optimizer)
+
+
+def _check_optimizer_trains_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """ValueError naming `optimizer` where it holds parameters that are not the model's: the
+    engine would step them and train nothing of the model (an optimizer built over another copy)."""
+    own = {id(parameter) for parameter in model.parameters()}
+    held = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+    foreign = sum(id(parameter) not in own for parameter in held)
+    if foreign:
+        raise ValueError(
+            f"optimizer={type(optimizer).__name__}(<{len(held)} parameters, {foreign} of them not the model's>) is "
+            "invalid: allowed an optimizer over the model's own parameters, e.g. "
+            f"{type(optimizer).__name__}(model.parameters(), ...) built after the model (a copy's parameters, or "
+            "another model's, are not trained by the model's forward)")
+
+
+def _resolved_world_size(world_size: int | None) -> int:
+    """`world_size`, or torch.distributed's where None; ValueError naming it where it is > 1 and no
+    initialized process group has that many processes (eq. 4's effective batch would count
+    replicas that do not exist)."""
+    dist = torch.distributed
+    group = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+    if world_size is None:
+        return group or 1
+    if world_size > 1 and group != world_size:
+        where = (f"the initialized process group has {group} processes" if group is not None else
+                 "no process group is initialized here: start the processes with trainopt_core.distributed "
+                 "(run_processes, the launch CLI) or torchrun, which initialize one")
+        fail("world_size", world_size, f"None (torch.distributed's), 1, or the size of the initialized process group "
+             f"({where})")
+    return world_size
 
 
 def prepare(
@@ -157,14 +179,16 @@ def prepare(
     natively (`precision.choose_precision`; said once); an explicit one that runs slower here
     than another (bf16 emulated on a CPU without bf16 instructions, fp16 on any CPU) warns.
     """
-    _check_arguments(model, optimizer, config, micro_batch_size=micro_batch_size, device=device,
-                     world_size=world_size, checkpoint_model=checkpoint_model, backend=backend, min_lr=min_lr)
-    if world_size is None:
-        dist = torch.distributed
-        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    config = mp.resolve_precision(config, device if device is not None else model_device(model))
+    _check_arguments(model, optimizer, config, device=device, world_size=world_size,
+                     checkpoint_model=checkpoint_model, backend=backend)
+    world_size = _resolved_world_size(world_size)
+    arguments = EngineArguments(
+        micro_batch_size=micro_batch_size, device=torch.device(device) if device is not None else model_device(model),
+        world_size=world_size, total_samples=total_samples, total_steps=total_steps, warmup_samples=warmup_samples,
+        warmup_steps=warmup_steps, min_lr=min_lr)
+    config = mp.resolve_precision(config, arguments.device)
     if config.expandable_segments:  # before gradients, optimizer state and activations are allocated
-        use_expandable_segments(device if device is not None else model_device(model))
+        use_expandable_segments(arguments.device)
     if backend == "auto":
         use_deepspeed = config.zero_stage > 0 and world_size > 1 and deepspeed_available()
         backend = "deepspeed" if use_deepspeed else "torch"
@@ -199,9 +223,4 @@ def prepare(
         from .distributed.deepspeed_engine import DeepSpeedTrainingEngine
 
         engine_class = DeepSpeedTrainingEngine
-    return engine_class(
-        model, optimizer, config,
-        total_samples=total_samples, micro_batch_size=micro_batch_size,
-        device=device, world_size=world_size, total_steps=total_steps, warmup_steps=warmup_steps,
-        warmup_samples=warmup_samples, min_lr=min_lr,
-    )
+    return engine_class(model, optimizer, config, arguments)

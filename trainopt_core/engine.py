@@ -15,7 +15,9 @@ of per-micro-batch means -- under DDP over all items of all replicas.
 
 `prepare()` (trainopt_core/compose.py) builds this engine, or with `backend="deepspeed"` the
 `DeepSpeedTrainingEngine` (trainopt_core/distributed/deepspeed_engine.py, ZeRO stage 0/1/2)
-with the same interface. Both record in `engine.zero_partitioning` what was partitioned.
+with the same interface, both from one `EngineArguments` (engine_arguments.py). Both record in
+`engine.zero_partitioning` what was partitioned. The LRs are `engine_lr.EngineLRs`'; resuming
+(state_dict, load_state_dict, start_at) is `engine_state.ResumableEngine`'s.
 """
 from __future__ import annotations
 
@@ -26,90 +28,93 @@ import torch
 
 from . import precision as mp
 from ._caller import warn_at_caller
-from ._errors import fail
+from ._errors import MAX_COUNT, fail
 from .accumulation import GradientNoiseMonitor, NoiseEstimate, gather_noise_inputs, next_k
 from .config import OptimizationConfig
-from .schedule import (clip_gradients, lrs_may_be_a_checkpoints, make_schedule, remember_base_lrs,
-                       scaled_base_lrs, set_lr)
+from .engine_arguments import EngineArguments, is_count
+from .engine_lr import EngineLRs
+from .engine_state import ENGINE_STATE_FORMAT, ResumableEngine  # noqa: F401 (ENGINE_STATE_FORMAT: re-exported)
+from .schedule import clip_gradients
 
-ENGINE_STATE_FORMAT = "trainopt-engine-state/1"
+ITEMS_ALLOWED = ("a finite number > 0 (the items the loss is a mean over), a tensor of one element, or None "
+                 "(micro_batch_size)")
 
 
 def item_count(num_items, default: int) -> float:
     """A backward's `num_items` (`default` where None) as a float, or the ValueError naming it."""
+    if isinstance(num_items, torch.Tensor):
+        check_item_tensor(num_items)
     value = float(num_items) if isinstance(num_items, torch.Tensor) else num_items
     if value is None:
         return float(default)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):
-        fail("num_items", value, "a finite number > 0 (the items the loss is a mean over), a tensor of one, or None "
-             "(micro_batch_size)")
+        fail("num_items", value, ITEMS_ALLOWED)
     return float(value)
 
 
-class TrainingEngine:
+def check_item_tensor(num_items: torch.Tensor) -> None:
+    """ValueError naming `num_items` where the tensor holds other than one number (a per-sample
+    count, where the loss's items are wanted: ``mask.sum()``, not ``mask.sum(dim=1)``)."""
+    if num_items.numel() != 1 or num_items.is_complex():
+        raise ValueError(f"num_items=<a {num_items.dtype} tensor of shape {tuple(num_items.shape)}> is invalid: "
+                         f"allowed {ITEMS_ALLOWED}; the count of all items the loss averages over, e.g. mask.sum()")
+
+
+def check_loss(loss) -> None:
+    """ValueError naming `loss` where it is no tensor of one element (a per-sample loss, before its mean)."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = f"<a tensor of shape {tuple(loss.shape)}>" if isinstance(loss, torch.Tensor) else repr(loss)
+        raise ValueError(f"loss={shape} is invalid: allowed a tensor of one element, the mean loss over the "
+                         "micro-batch's items (reduce a per-sample loss with .mean() or reduction='mean')")
+
+
+class TrainingEngine(ResumableEngine):
     """Gradient accumulation, LR schedule, clipping and mixed precision around a user's loop."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        config: OptimizationConfig,
-        *,
-        total_samples: int | None = None,
-        micro_batch_size: int,
-        device: torch.device | str | None = None,
-        world_size: int = 1,
-        total_steps: int | None = None,
-        warmup_steps: int | None = None,
-        warmup_samples: int | None = None,
-        min_lr: float | None = None,
-    ):
-        if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size={micro_batch_size!r} is invalid: allowed an integer >= 1")
-        self.model = model
-        self.optimizer = optimizer
-        self.device = torch.device(device) if device is not None else model_device(model)
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: OptimizationConfig,
+                 arguments: EngineArguments):
+        self.model, self.optimizer = model, optimizer
+        self.device = arguments.device
         # precision "auto" becomes what it chose here (prepare() has resolved it already)
         self.config = config = config if config.precision != "auto" else mp.resolve_precision(config, self.device)
-        self.world_size = world_size
-        config.validate_for_run(device=self.device, world_size=world_size)
-        self.micro_batch_size = micro_batch_size
+        self.world_size, self.micro_batch_size = arguments.world_size, arguments.micro_batch_size
+        config.validate_for_run(device=self.device, world_size=self.world_size)
+        self.total_samples, self.total_steps = arguments.total_samples, arguments.total_steps
         self.parameters = [p for group in optimizer.param_groups for p in group["params"]]
-
-        base_batch = config.base_batch_size or micro_batch_size * config.lr_batch_splits * world_size
-        # over samples (eqs. 10-11 as the paper states them) or, given total_steps, over optimizer steps
-        self._schedule_args = dict(base_batch_size=base_batch, total_samples=total_samples, total_steps=total_steps,
-                                   warmup_steps=warmup_steps, warmup_samples=warmup_samples, min_lr=min_lr)
-        # a state loaded into the optimizer before prepare() replaced the LR it was built with by its own
-        self._base_lrs_unknown = lrs_may_be_a_checkpoints(optimizer)
-        if (self._base_lrs_unknown and config.schedule != "constant" and min_lr is not None
-                and min_lr > optimizer.param_groups[0]["lr"]):
-            fail("min_lr", min_lr, f"an LR up to the optimizer's ({optimizer.param_groups[0]['lr']:.3g}), which is a "
-                 "checkpoint's: its state was loaded before prepare(); load it after prepare(), then "
-                 "engine.start_at(steps=iter_num)")
-        self._use_base_lrs(remember_base_lrs(optimizer))
-        self.total_samples, self.total_steps = total_samples, total_steps
+        # eq. 11's base batch; the schedule over samples (eqs. 10-11 as the paper states them) or,
+        # given total_steps, over optimizer steps
+        base_batch = config.base_batch_size or self.micro_batch_size * config.lr_batch_splits * self.world_size
+        self.lrs = EngineLRs(optimizer, config, base_batch_size=base_batch,
+                             schedule_arguments=arguments.schedule_arguments())
         self.scaler = mp.make_grad_scaler(self.device, config)
         self.monitor = GradientNoiseMonitor(self.parameters, window=config.noise_window) if config.adaptive else None
         # eq. 6's sigma_target: the configured one, or calibrated at the first significant estimate
         self.sigma_target: float | None = config.sigma_target
         self.k_reason = "start" if config.adaptive else "fixed"
-
-        self.zero_partitioning = self._zero_partitioning(config.zero_stage, world_size)
+        self.zero_partitioning = self._zero_partitioning(config.zero_stage, self.world_size)
         # Under DDP the replicas' item counts are summed before the all-reducing backward, so
         # eq. 4's item weighting and the effective batch are global and equal on every rank.
         self._replicas_synced = (
-            world_size > 1
+            self.world_size > 1
             and isinstance(model, torch.nn.parallel.DistributedDataParallel)
             and torch.distributed.is_initialized()
         )
         self.k = config.k
+        self._start_counters()
+        self._loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
+        # the LR the first step will use, so `engine.lr` is meaningful before any step
+        self._apply_lr(self.effective_batch_size, self.effective_batch_size)
+        self._set_grad_sync()
+
+    def _start_counters(self) -> None:
+        """The run's counters at its start: no sample consumed, no step taken."""
         self.samples_consumed = 0
         self.optimizer_steps = 0
         self.skipped_steps = 0
         self.consecutive_skipped_steps = 0
+        self.consecutive_nonfinite_losses = 0
         self.zero_bucket_sizes: dict[str, int] | None = None  # DeepSpeed ZeRO buckets (elements), else None
-        self.effective_batch_size = micro_batch_size * self.k * world_size
+        self.effective_batch_size = self.micro_batch_size * self.k * self.world_size
         self._micro_index = 0
         self._step_items = 0.0
         self._step_samples = 0
@@ -121,13 +126,8 @@ class TrainingEngine:
         self._grad_norm: torch.Tensor | None = None
         # whether every micro-batch loss of this step was finite (on the device: read once, at the step)
         self._losses_finite: torch.Tensor | None = None
-        self.consecutive_nonfinite_losses = 0
         # whether load_state_dict() or start_at() placed the run (a resumed optimizer without it warns)
         self._position_restored = False
-        self._loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
-        # the LR the first step will use, so `engine.lr` is meaningful before any step
-        self._apply_lr(micro_batch_size * self.k * world_size, self.effective_batch_size)
-        self._set_grad_sync()
 
     # ------------------------------------------------------------------ loop API
     @property
@@ -137,8 +137,9 @@ class TrainingEngine:
 
     @k.setter
     def k(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            fail("k", value, "an integer >= 1 (micro-batches per optimizer step)")
+        most = MAX_COUNT // (self.micro_batch_size * self.world_size)  # the effective batch stays a count
+        if not is_count(value) or value > most:
+            fail("k", value, f"an integer >= 1 (micro-batches per optimizer step), at most {most}")
         self._k = value
 
     @property
@@ -168,6 +169,9 @@ class TrainingEngine:
         this instead. Steps are counted, not indexed: a script whose loop runs
         ``while iter_num <= max_iters`` takes max_iters + 1 steps, so it stops on
         ``done(total_steps=max_iters + 1)``."""
+        for name, value in (("total_samples", total_samples), ("total_steps", total_steps)):
+            if value is not None and not is_count(value, minimum=0):
+                fail(name, value, "None (prepare()'s horizon) or an integer >= 0, at most 2**53")
         if total_samples is None and total_steps is None:
             total_samples, total_steps = self.total_samples, self.total_steps
         if total_samples is not None and self.samples_consumed >= total_samples:
@@ -220,15 +224,13 @@ class TrainingEngine:
         micro_batch_size) counts samples -- sequences, images -- for the schedule's progress
         and eq. 11.
         """
+        check_loss(loss)
         if isinstance(num_items, torch.Tensor):
+            check_item_tensor(num_items)
             items = num_items.detach().to(device=self.device, dtype=torch.float64).reshape(())
         else:
             items = item_count(num_items, self.micro_batch_size)
-        if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
-                                        or num_samples < 1):
-            raise ValueError(f"num_samples={num_samples!r} is invalid: allowed None (micro_batch_size) or an "
-                             "integer >= 1 (the samples of this micro-batch)")
-        samples = int(num_samples if num_samples is not None else self.micro_batch_size)
+        samples = self._sample_count(num_samples)
         if self._micro_index == 0:
             self._expected_items = items * self.k
         # Eq. 4 with item weighting: grad of Σ_j (n_j / E) · mean_loss_j, corrected to 1/Σ n_j at
@@ -250,6 +252,13 @@ class TrainingEngine:
         self._step_items += items
         self._step_samples += samples
         self._set_grad_sync()
+
+    def _sample_count(self, num_samples: int | None) -> int:
+        """backward()'s `num_samples` (default micro_batch_size), or the ValueError naming it."""
+        if num_samples is not None and not is_count(num_samples):
+            fail("num_samples", num_samples, "None (micro_batch_size) or an integer >= 1 (the samples of this "
+                 "micro-batch), at most 2**53")
+        return int(num_samples if num_samples is not None else self.micro_batch_size)
 
     def _weight_items_across_replicas(self, items: float, samples: int) -> float:
         """Before the backward that all-reduces (DDP): rescale this replica's accumulated gradient
@@ -285,7 +294,23 @@ class TrainingEngine:
             return False
         if self._resumed_without_position():
             self._warn_resumed_without_position()
-        # item counts given as tensors are read here: one device sync per optimizer step
+        grads = self._unscaled_clipped_gradients()
+        step_samples = self._global_step_samples if self._replicas_synced else self._step_samples * self.world_size
+        self.effective_batch_size = step_samples
+        self._apply_lr(self.samples_consumed + step_samples, step_samples)
+        # a non-finite loss whose gradients are finite (`loss + inf` from a bad regularizer term)
+        # is no step either: skipped and counted like non-finite gradients, in every precision
+        loss_finite = self._losses_were_finite()
+        self.consecutive_nonfinite_losses = 0 if loss_finite else self.consecutive_nonfinite_losses + 1
+        grads_bad = mp.gradients_non_finite(self._grad_norm, grads)
+        stepped = self._optimizer_step(loss_finite, grads_bad)
+        self._count_step(stepped, step_samples)
+        self._stop_on_nonfinite_steps(grads_bad)
+        return stepped
+
+    def _unscaled_clipped_gradients(self) -> list[torch.Tensor]:
+        """The step's gradients as eq. 4's item-weighted mean, unscaled (fp16) and clipped (eq.
+        12); the pre-clip norm kept. Reads item counts given as tensors: one device sync per step."""
         self._step_items, self._expected_items = float(self._step_items), float(self._expected_items)
         if not (self._step_items > 0 and math.isfinite(self._step_items)):
             raise ValueError(f"num_items summed to {self._step_items!r} over the effective batch: allowed a finite "
@@ -296,31 +321,27 @@ class TrainingEngine:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         self._grad_norm = clip_gradients(self.parameters, self.config.clip_norm)  # eq. 12, unscaled
+        return grads
 
-        step_samples = self._global_step_samples if self._replicas_synced else self._step_samples * self.world_size
-        self.effective_batch_size = step_samples
-        self._apply_lr(self.samples_consumed + step_samples, step_samples)
-        # a non-finite loss whose gradients are finite (`loss + inf` from a bad regularizer term)
-        # is no step either: skipped and counted like non-finite gradients, in every precision
-        loss_finite = self._losses_were_finite()
-        self.consecutive_nonfinite_losses = 0 if loss_finite else self.consecutive_nonfinite_losses + 1
+    def _optimizer_step(self, loss_finite: bool, grads_bad: bool) -> bool:
+        """The optimizer's step where the loss and the gradients were finite; whether it stepped."""
+        stepped = loss_finite and not grads_bad
         if self.scaler is not None:
             # GradScaler skips the optimizer step exactly when the unscaled gradients hold an
-            # inf/nan; read that from the gradients, not from the scale backing off (a scale that
-            # has underflowed to 0 stays 0 while every step is skipped).
-            grads_bad = mp.gradients_non_finite(self._grad_norm, grads)
-            stepped = loss_finite and not grads_bad
+            # inf/nan (`grads_bad` reads the same from the gradients, not from the scale backing
+            # off: a scale that has underflowed to 0 stays 0 while every step is skipped)
             if loss_finite:
                 self.scaler.step(self.optimizer)
             self.scaler.update()
             self._loss_scale = float(self.scaler.get_scale())
-        else:
+        elif stepped:
             # no loss scaler (bf16/fp32): the same found-inf test decides, and such a step is
             # skipped and counted instead of writing inf/nan into the weights and optimizer state
-            grads_bad = mp.gradients_non_finite(self._grad_norm, grads)
-            stepped = loss_finite and not grads_bad
-            if stepped:
-                self.optimizer.step()
+            self.optimizer.step()
+        return stepped
+
+    def _count_step(self, stepped: bool, step_samples: int) -> None:
+        """After a step, taken or skipped: the counters, the next k, the gradients cleared."""
         if stepped:
             self.consecutive_skipped_steps = 0
         else:
@@ -335,6 +356,10 @@ class TrainingEngine:
         self._step_items = 0.0
         self._step_samples = 0
         self._set_grad_sync()
+
+    def _stop_on_nonfinite_steps(self, grads_bad: bool) -> None:
+        """Raise where the run may not go on: fp16's loss scale collapsed, or more non-finite steps
+        in a row than OptimizationConfig.max_nonfinite_steps allows."""
         allowed = self.config.max_nonfinite_steps
         if self.scaler is not None:  # fp16: the loss scale handles non-finite gradients
             mp.check_loss_scale(self._loss_scale, consecutive_skips=self.consecutive_skipped_steps)
@@ -346,7 +371,6 @@ class TrainingEngine:
             raise mp.nonfinite_steps_error(
                 step=self.optimizer_steps, grad_norm=self.last_grad_norm, consecutive=self.consecutive_skipped_steps,
                 allowed=allowed, precision=self.config.precision, backend="torch engine")
-        return stepped
 
     def _nonfinite_loss_error(self, consecutive: int) -> mp.NonFiniteTrainingError:
         return mp.NonFiniteTrainingError(
@@ -354,74 +378,7 @@ class TrainingEngine:
             f"its gradients were finite), {consecutive} consecutive step(s) skipped; allowed at most "
             f"OptimizationConfig.max_nonfinite_steps={self.config.max_nonfinite_steps} in a row. {mp.NON_FINITE_CAUSES}.")
 
-    def start_at(self, *, steps: int, samples: int | None = None, lr: float | list[float] | None = None) -> None:
-        """Place a run resumed from a checkpoint that holds no engine state (one saved before
-        adopting trainopt, which knows only its iteration number): the next optimizer step is
-        step `steps` (counted from 0, so a script's ``iter_num``), with `samples` samples
-        (sequences, images) consumed before it -- default ``steps`` × the effective batch in
-        samples. The LR schedule, `done()` and `every()` go on from there: the next step's LR is
-        the schedule's at that step, whatever LR the loaded optimizer carries. Call it after
-        loading the model and optimizer, before the first backward.
-
-        `lr`: the LR the optimizer was built with, which the schedule multiplies (the first
-        group's; the other groups keep their ratio to it), or a list, one per group. Needed only
-        when the optimizer's state was loaded before prepare(): its LR is then the checkpoint's
-        (decayed), and without the 'initial_lr' that torch's LR schedulers record, the one it was
-        built with is lost; start_at() then refuses to guess and names `lr`."""
-        for name, value in (("steps", steps), ("samples", samples)):
-            if (value is not None or name == "steps") and (isinstance(value, bool) or not isinstance(value, int)
-                                                           or value < 0):
-                raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 0")
-        base_lrs = self._given_base_lrs(lr)
-        if self._micro_index:
-            raise RuntimeError(f"engine.start_at() after {self._micro_index} of {self.k} micro-batches: allowed only "
-                               "between optimizer steps, before the first backward of the resumed run")
-        if base_lrs is not None:
-            self._use_base_lrs(base_lrs)
-            self._base_lrs_unknown = False
-        self.optimizer_steps = steps
-        self.samples_consumed = steps * self.effective_batch_size if samples is None else samples
-        self._apply_lr(self.samples_consumed + self.effective_batch_size, self.effective_batch_size)
-        self._position_restored = True
-
     # ------------------------------------------------------------------ internals
-    def _given_base_lrs(self, lr) -> list[float] | None:
-        """start_at()'s `lr` as one base LR per parameter group (None: keep the engine's)."""
-        if lr is not None:
-            return scaled_base_lrs(lr, self.base_lrs)
-        if self._base_lrs_unknown:
-            fail("lr", None, f"the LR the optimizer was built with, e.g. engine.start_at(steps=iter_num, "
-                 f"lr=learning_rate): its state was loaded before prepare(), so the LR it holds "
-                 f"({self.base_lrs[0]:.3g}) is the checkpoint's, not the one the schedule decays from "
-                 "(or load the optimizer's state after prepare(), which keeps the one it was built with)")
-        return None
-
-    def _use_base_lrs(self, base_lrs: list[float]) -> None:
-        """The LRs the schedule multiplies (η_base of eqs. 10-11), one per group; the schedule is
-        rebuilt on them (a `min_lr` is a fraction of the first) and each group records its own as
-        'initial_lr', so a checkpoint of the optimizer carries it."""
-        self.schedule = make_schedule(self.config, base_lr=base_lrs[0], **self._schedule_args)
-        self.base_lrs = list(base_lrs)
-        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
-            group["initial_lr"] = base_lr
-
-    def _resumed_without_position(self) -> bool:
-        """At the first step: resumed state (`_holds_resumed_state`), but nothing placed the engine's run."""
-        return self.optimizer_steps == 0 and not self._position_restored and self._holds_resumed_state()
-
-    def _holds_resumed_state(self) -> bool:
-        return bool(self.optimizer.state)
-
-    def _warn_resumed_without_position(self) -> None:
-        start_at = ("engine.start_at(steps=iter_num, lr=learning_rate) with the LR the optimizer was built with (its "
-                    "state, loaded before prepare(), holds the checkpoint's)" if self._base_lrs_unknown
-                    else "engine.start_at(steps=iter_num)")
-        warn_at_caller(
-            f"the optimizer holds state ({len(self.optimizer.state)} parameters' moments: a resumed optimizer?) but "
-            "the engine starts at step 0: its LR schedule restarts its warmup and its sample count from 0. Resume "
-            "the engine too: save engine.state_dict() in your checkpoint and call engine.load_state_dict() before "
-            f"the first step, or -- for a checkpoint saved before adopting trainopt -- {start_at}.")
-
     def _note_loss(self, loss: torch.Tensor) -> None:
         """Keeps, on the device, whether this step's micro-batch losses were all finite."""
         finite = torch.isfinite(loss.detach()).all()
@@ -436,14 +393,12 @@ class TrainingEngine:
         return _torch_zero_partitioning(zero_stage, world_size)
 
     def _multiplier(self, samples_after_step: float, effective_batch_size: int) -> float:
-        """The schedule's factor for the step about to be taken (a step-based schedule's position
-        is that step's index, a sample-based one's the samples consumed once it is taken)."""
-        position = self.optimizer_steps if self.schedule.unit == "steps" else samples_after_step
-        return self.schedule.lr_multiplier(position, effective_batch_size)
+        return self.lrs.multiplier(steps_taken=self.optimizer_steps, samples_after_step=samples_after_step,
+                                   effective_batch_size=effective_batch_size)
 
     def _apply_lr(self, samples_after_step: float, effective_batch_size: int) -> None:
         self._lr_multiplier = self._multiplier(samples_after_step, effective_batch_size)
-        set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
+        self.lrs.apply(self._lr_multiplier)
 
     def _update_k(self) -> None:
         """Eq. 6 after a step, on the micro-batch norms of every replica (the same on all ranks)."""
@@ -454,6 +409,16 @@ class TrainingEngine:
             rule=self.config.k_rule, k_min=self.config.k_min, k_max=self.config.k_max)
 
     # ------------------------------------------------------------------ state
+    @property
+    def schedule(self):
+        """The LR schedule (`schedule.LRSchedule` over samples or `StepLRSchedule` over steps)."""
+        return self.lrs.schedule
+
+    @property
+    def base_lrs(self) -> list[float]:
+        """η_base of eqs. 10-11, one per parameter group: the LRs the schedule multiplies."""
+        return self.lrs.base_lrs
+
     @property
     def lr(self) -> float:
         """The LR (of the first parameter group) the latest optimizer step used; before the
@@ -524,92 +489,6 @@ class TrainingEngine:
             "k_reason": self.k_reason,
             "sigma_target": self.sigma_target,
         }
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
-        """What the engine holds: k and why, the calibrated sigma_target, the noise monitor's
-        pooled window, the fp16 loss scaler, the sample/step/skip counters (the LR schedule's
-        position is `samples_consumed`) and the base LRs. A resumed loop continues exactly when
-        it also restores the model, the optimizer, the random generators
-        (`trainopt_core.rng_state()`: dropout masks, shuffling, augmentation) and its own data
-        position (how many batches it had drawn). Save them together between optimizer steps
-        (after a `step()` that returned at a boundary):
-
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "engine": engine.state_dict(), "rng": trainopt_core.rng_state(),
-                        "batches_drawn": batches_drawn}, path)
-            # restart: build model, optimizer and engine as before, then
-            model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"])
-            engine.load_state_dict(state["engine"]); trainopt_core.set_rng_state(state["rng"])
-            # and skip the first state["batches_drawn"] batches of the same data order
-
-        A plain dict of Python numbers (and the scaler's dict), so torch.save and
-        `torch.load(weights_only=True)` take it."""
-        if self._micro_index:
-            raise RuntimeError(
-                f"engine.state_dict() after {self._micro_index} of {self.k} micro-batches of an effective "
-                "batch: allowed only between optimizer steps (after step() returned at a boundary)")
-        return {
-            "format": ENGINE_STATE_FORMAT,
-            "config": self.config.computation_fields(),
-            "world_size": self.world_size,
-            "micro_batch_size": self.micro_batch_size,
-            "k": self.k,
-            "k_reason": self.k_reason,
-            "sigma_target": self.sigma_target,
-            "samples_consumed": self.samples_consumed,
-            "optimizer_steps": self.optimizer_steps,
-            "skipped_steps": self.skipped_steps,
-            "consecutive_skipped_steps": self.consecutive_skipped_steps,
-            "consecutive_nonfinite_losses": self.consecutive_nonfinite_losses,
-            "effective_batch_size": self.effective_batch_size,
-            "lr_multiplier": self._lr_multiplier,
-            "base_lrs": list(self.base_lrs),
-            "grad_norm": self.last_grad_norm,
-            "loss_scale": self._loss_scale,
-            "scaler": None if self.scaler is None else self.scaler.state_dict(),
-            "monitor": None if self.monitor is None else self.monitor.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restores `state_dict()`'s output into an engine built with the same configuration,
-        world size and micro-batch size (else ValueError naming what differs)."""
-        if not isinstance(state, dict) or state.get("format") != ENGINE_STATE_FORMAT:
-            raise ValueError(f"engine state format {state.get('format') if isinstance(state, dict) else state!r} "
-                             f"is invalid: allowed {ENGINE_STATE_FORMAT!r} (a dict from engine.state_dict())")
-        if self._micro_index:
-            raise RuntimeError("engine.load_state_dict() mid-way through an effective batch: allowed only between steps")
-        mine = self.config.computation_fields()
-        differ = sorted(key for key in mine.keys() | state["config"].keys()
-                        if key != "name" and mine.get(key) != state["config"].get(key))
-        if differ:
-            raise ValueError(
-                "engine state saved under another configuration: " + ", ".join(
-                    f"{key}={state['config'].get(key)!r} there, {mine.get(key)!r} here" for key in differ))
-        for key in ("world_size", "micro_batch_size"):
-            if state[key] != getattr(self, key):
-                raise ValueError(f"engine state saved with {key}={state[key]!r}; this engine has {getattr(self, key)!r}")
-        self.k = state["k"]
-        self.k_reason = state["k_reason"]
-        self.sigma_target = state["sigma_target"]
-        self.samples_consumed = state["samples_consumed"]
-        self.optimizer_steps = state["optimizer_steps"]
-        self.skipped_steps = state["skipped_steps"]
-        self.consecutive_skipped_steps = state["consecutive_skipped_steps"]
-        self.consecutive_nonfinite_losses = state.get("consecutive_nonfinite_losses", 0)  # states saved before it
-        self.effective_batch_size = state["effective_batch_size"]
-        self._base_lrs_unknown = False
-        self._use_base_lrs(list(state["base_lrs"]))  # whatever LR the optimizer holds
-        self._lr_multiplier = state["lr_multiplier"]
-        set_lr(self.optimizer, self.base_lrs, self._lr_multiplier)
-        self._grad_norm = None if state["grad_norm"] is None else torch.tensor(state["grad_norm"])
-        self._loss_scale = state["loss_scale"]
-        if self.scaler is not None and state["scaler"]:
-            self.scaler.load_state_dict(state["scaler"])
-        if self.monitor is not None and state["monitor"] is not None:
-            self.monitor.load_state_dict(state["monitor"])
-        self._position_restored = True
-        self._set_grad_sync()
 
     def close(self) -> None:
         if self.monitor is not None:

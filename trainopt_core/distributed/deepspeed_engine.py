@@ -44,7 +44,8 @@ import torch
 from .. import precision as mp
 from .._caller import warn_at_caller
 from ..config import OptimizationConfig
-from ..engine import TrainingEngine, item_count
+from ..engine import TrainingEngine, check_loss, item_count
+from ..engine_arguments import EngineArguments
 from ..schedule import clip_gradients
 from .ds_config import DEEPSPEED_MIN_LOSS_SCALE, deepspeed_config, zero_partitioning
 from .process_group import cleanup, find_free_port
@@ -98,23 +99,13 @@ class DeepSpeedTrainingEngine(TrainingEngine):
     RuntimeError as in the torch-native engine.
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        config: OptimizationConfig,
-        *,
-        total_samples: int | None = None,
-        micro_batch_size: int,
-        device: torch.device | str | None = None,
-        world_size: int = 1,
-        **schedule_in_steps,
-    ):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: OptimizationConfig,
+                 arguments: EngineArguments):
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise ValueError(
                 "model is DistributedDataParallel-wrapped: with backend='deepspeed' pass the plain module"
             )
-        device = torch.device(device) if device is not None else next(model.parameters()).device
+        device, world_size, micro_batch_size = arguments.device, arguments.world_size, arguments.micro_batch_size
         deepspeed, accelerator = _import_deepspeed(device)
         for precision, supported in (("fp16", accelerator.is_fp16_supported), ("bf16", accelerator.is_bf16_supported)):
             if config.precision == precision and not supported():
@@ -128,11 +119,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             # The shared engine state: validation, LR schedule, base LRs, noise-monitor hooks. The
             # monitor's tensor hooks stay on the parameter objects when DeepSpeed flattens or casts
             # them, and fire before DeepSpeed's reduction hooks: micro-batch norms are local (eq. 7).
-            super().__init__(
-                model, optimizer, config,
-                total_samples=total_samples, micro_batch_size=micro_batch_size, device=device, world_size=world_size,
-                **schedule_in_steps,
-            )
+            super().__init__(model, optimizer, config, arguments)
             self.scaler = None  # DeepSpeed's own dynamic loss scaler runs fp16
             self.module = model
             num_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -190,7 +177,9 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self, loss: torch.Tensor, num_items: float | None = None, *, num_samples: int | None = None
     ) -> None:
         """Backward of one micro-batch through DeepSpeed; `loss` is the mean over `num_items` items."""
+        check_loss(loss)
         items = item_count(num_items, self.micro_batch_size)
+        samples = self._sample_count(num_samples)
         if not self._forward_seen:
             raise ValueError(
                 "backward() without a forward through engine.model: with backend='deepspeed' run the "
@@ -214,7 +203,7 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         self._ds_step_due = True
         self._micro_index += 1
         self._step_items += items
-        self._step_samples += int(num_samples if num_samples is not None else self.micro_batch_size)
+        self._step_samples += samples
 
     def step(self) -> bool:
         """`ds_engine.step()` after every micro-batch; at the boundary first the LR (eqs. 10-11)
