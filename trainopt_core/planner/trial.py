@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from typing import Sequence
 
 import torch
@@ -56,7 +57,13 @@ class Trial:
             else:
                 *inputs, target = micro
                 out = self.loss_fn(self.forward(*inputs), target)
-        return out if isinstance(out, tuple) else (out, len(micro[-1]))
+        loss, items = out if isinstance(out, tuple) else (out, len(micro[-1]))
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            what = f"<a tensor of shape {tuple(loss.shape)}>" if isinstance(loss, torch.Tensor) else repr(loss)[:80]
+            raise ValueError(f"loss_fn returned {what} on a micro-batch: allowed a tensor of one element, the mean loss "
+                             "over the micro-batch's items, or (that loss, its item count) (reduce a per-sample loss "
+                             "with .mean() or reduction='mean')")
+        return loss, items
 
     def _probe_loss(self) -> float:
         """The probe batch's mean loss at the initial weights (the same for every candidate), in
@@ -73,7 +80,14 @@ class Trial:
                     f"{error} -- plan() called loss_fn(model(*inputs), targets) on the batch (inputs..., targets). "
                     "For a model whose forward takes the targets and returns the loss, pass loss_takes_model=True "
                     "and loss_fn=lambda model, x, y: model(x, y)[1] (the loss out of what it returns)") from error
-        return sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
+        loss = sum(float(loss) * float(items) for loss, items in parts) / sum(float(items) for _, items in parts)
+        if self.candidate == Candidate() and not math.isfinite(loss):
+            # the baseline's own loss: no candidate can be compared with it (inputs or targets
+            # holding NaN/inf, a loss_fn that divides by zero), and training it would stop anyway
+            raise ValueError(f"batch=<the probe batch> is invalid: the fp32 baseline's loss on it at the initial weights "
+                             f"is {loss}; allowed a batch whose loss is finite (check its inputs and targets for "
+                             "NaN/inf, and loss_fn)")
+        return loss
 
     def calls_sdpa(self) -> bool:
         """Whether this copy's forward calls torch's scaled_dot_product_attention

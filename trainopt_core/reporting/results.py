@@ -70,6 +70,10 @@ def runs_dir(reports_dir: str | os.PathLike, profile: str) -> Path:
 def load_records(reports_dir: str | os.PathLike, profile: str, *, tasks=None) -> list[dict]:
     """Every complete run record of ``reports/<profile>/runs/`` (partial and truncated records
     and unreadable files are left out), optionally only those of `tasks`."""
+    from ..reproduction.profiles import PROFILES
+
+    if profile not in PROFILES:
+        _fail("profile", profile, f"one of {PROFILES} (a typo gives empty tables)")
     if not resolve_reports_dir(reports_dir).is_dir():
         _fail("reports_dir", str(reports_dir), "an existing folder (the reports folder ./run_all.sh writes; "
               "a typo gives empty tables)")

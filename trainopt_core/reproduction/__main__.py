@@ -19,6 +19,9 @@ from torch.distributed.elastic.multiprocessing.errors import record as record_er
 from ..config import OptimizationConfig
 from .profiles import PROFILES, TASKS, table_configs
 
+# the largest seed a run takes: 32 bits, as most seeding APIs take (numpy's among them)
+MAX_SEED = 2**32 - 1
+
 
 def _unwritable(folder: str) -> str | None:
     """Why runs cannot write into `folder` (created where it is missing), or None where they can."""
@@ -49,9 +52,12 @@ def _parse(argv):
     parser.add_argument("--rerun", action="store_true", help="run even if a complete record exists")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    if args.seed < 0:
-        parser.error(f"--seed {args.seed} is invalid: allowed an integer >= 0")
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed {args.seed} is invalid: allowed an integer >= 0, at most {MAX_SEED} (2**32 - 1)")
     for flag, folder in (("--out", args.out), ("--data-dir", args.data_dir)):
+        if folder is not None and not folder.strip():
+            parser.error(f"{flag} {folder!r} is invalid: allowed a folder (empty would write into the current one; "
+                         "leave the flag out for the default)")
         why = folder is not None and _unwritable(folder)
         if why:
             parser.error(f"{flag} {folder!r} is invalid: {why}; allowed a folder this user can create or write")
@@ -103,8 +109,10 @@ def _list(argv) -> int:
                         help="configurations (default: the tables' 13: " + " ".join(table_configs()) + ")")
     parser.add_argument("--data-policy", default="auto", choices=("auto", "real", "standin"))
     args = parser.parse_args(argv)
-    if args.seeds < 1:
-        parser.error(f"--seeds {args.seeds} is invalid: allowed an integer >= 1")
+    if not 1 <= args.seeds <= MAX_SEED + 1:
+        parser.error(f"--seeds {args.seeds} is invalid: allowed an integer >= 1, at most {MAX_SEED + 1}")
+    if args.out is not None and not args.out.strip():
+        parser.error(f"--out {args.out!r} is invalid: allowed a folder (or leave the flag out for the default)")
     for config in args.configs or ():
         if config != "auto":
             try:
@@ -122,6 +130,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["list"]:
         return _list(argv[1:])
     args = _parse(argv)
+    if os.environ.get("RANK", "0") == "0":  # a sign of life before the data and model load (and a plan is made)
+        print(f"[trainopt] {args.task} {args.config}, seed {args.seed}, profile {args.profile}: loading the data and "
+              f"the model{'; planning first' if args.config == 'auto' else ''}", file=sys.stderr, flush=True)
     from ..distributed import cleanup, init_distributed
     from .runner import run
 
