@@ -128,7 +128,7 @@ ROWS = [
      "--seeds 99999999999999999999 is invalid: allowed an integer >= 1"),
     ("reproduction list --out ''", _cli(reproduction_cli._list, "--out", ""), "--out '' is invalid"),
     ("run_all.sh --seeds past 32 bits", _run_all("--seeds", "99999999999999999999"),
-     "--seeds 99999999999999999999 is invalid"),
+     "--seeds '99999999999999999999' is invalid: allowed an integer from 1 to 1000"),
 ]
 
 
