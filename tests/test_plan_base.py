@@ -59,6 +59,18 @@ def test_yours_is_replaced_by_the_best_candidate_whose_interval_lies_wholly_belo
     assert not any(note.startswith("Kept your configuration") for note in notes)
 
 
+def test_a_higher_cost_shows_higher_in_its_digits_however_close():
+    """A committed H200 plan said "higher eq. 3 cost (0.315 vs 0.315)": the costs are printed at the
+    fewest significant digits (3 or more) at which they differ."""
+    rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _costed("bf16, k=1", 1, 0.31478, 0.314, 0.317),
+            _costed("bf16, k=1, fused optimizer", 1, 0.31512, 0.313, 0.318), _costed("bf16, k=4", 4, 0.4, 0.39, 0.41)]
+    choose(rows, None, (1.0, 0.0, 0.0))
+    by_name = {row["candidate"]: row for row in rows}
+    assert by_name["bf16, k=1"]["chosen"]
+    assert by_name["bf16, k=1, fused optimizer"]["rejected_because"].startswith("higher eq. 3 cost (0.3151 vs 0.3148);")
+    assert by_name["bf16, k=4"]["rejected_because"] == "higher eq. 3 cost (0.400 vs 0.315)"
+
+
 def test_a_tie_among_the_candidates_not_worse_than_yours_keeps_yours_and_says_so_truly():
     rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _costed("fp32, k=4", 4, 0.871, 0.802, 0.946, yours=True),
             _costed("bf16, k=4", 4, 0.800, 0.700, 0.900), _costed("bf16, k=4, fused optimizer", 4, 0.611, 0.381, 0.981),

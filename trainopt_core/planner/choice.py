@@ -59,6 +59,15 @@ def measured_part(row: dict) -> dict:
     return out
 
 
+def costs_apart(cost: float, other: float) -> str:
+    """Two eq. 3 costs as "A vs B", at the fewest significant digits (3 or more) that tell them apart,
+    so that "higher" shows in the numbers (0.3152 vs 0.3148, not 0.315 vs 0.315)."""
+    digits = 3
+    while digits < 17 and cost != other and f"{cost:#.{digits}g}" == f"{other:#.{digits}g}":
+        digits += 1
+    return f"{cost:#.{digits}g} vs {other:#.{digits}g}"
+
+
 def _cost_interval(row: dict) -> str:
     if row.get("cost_ci_low") is None or row.get("cost_ci_high") is None:
         return f"{row['cost']:.3f} (one window: no interval)"
@@ -249,17 +258,17 @@ def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None) -
                                        f"wholly below yours ({_cost_interval(row)})")
         elif row["cost"] >= best["cost"]:
             row["rejected_because"] = (f"{'higher' if row['cost'] > best['cost'] else 'the same'} eq. 3 cost "
-                                       f"({row['cost']:.3f} vs {best['cost']:.3f})")
+                                       f"({costs_apart(row['cost'], best['cost'])})")
             if noisy:
                 row["rejected_because"] += (f"; within the timing noise: 95 % intervals {_cost_interval(row)} vs "
                                             f"{_cost_interval(best)} overlap")
         elif best is yours:
-            row["rejected_because"] = (f"lower point cost than yours ({row['cost']:.3f} vs {best['cost']:.3f}) but within "
-                                       f"its timing noise: intervals {_cost_interval(row)} vs {_cost_interval(best)} "
+            row["rejected_because"] = (f"lower point cost than yours ({costs_apart(row['cost'], best['cost'])}) but "
+                                       f"within its timing noise: intervals {_cost_interval(row)} vs {_cost_interval(best)} "
                                        "overlap; a tie keeps yours")
         else:
-            row["rejected_because"] = (f"lower point cost than the choice ({row['cost']:.3f} vs {best['cost']:.3f}) but "
-                                       f"its interval {_cost_interval(row)} is not wholly below yours "
+            row["rejected_because"] = (f"lower point cost than the choice ({costs_apart(row['cost'], best['cost'])}) "
+                                       f"but its interval {_cost_interval(row)} is not wholly below yours "
                                        f"({_cost_interval(yours)}), as the choice's is: within your configuration's "
                                        "timing noise")
         if noisy:
