@@ -157,6 +157,20 @@ def test_the_committed_floors_are_what_the_committed_reproductions_give(monkeypa
         assert floor["rate"] == pytest.approx(measured[kind]["rate"]) and floor["records"] == measured[kind]["records"]
 
 
+def test_the_floors_and_rerun_check_tables_of_docs_verdicts_are_what_the_floors_check_writes(monkeypatch):
+    """docs/verdicts.md's two tables went stale once (1,296 pairs where the check gave 1,370)."""
+    from trainopt_core.reporting import floors
+
+    monkeypatch.chdir(ROOT)  # the check reads the records as the command line names them
+    committed = (ROOT / "docs" / "verdicts.md").read_text()
+    coverage = session_floor.rerun_coverage(sorted(Path("reports").rglob("throughput__*.json")))
+    assert floors.with_tables(committed, session_floor.floors(), coverage) == committed, (
+        "python -m trainopt_core.reporting.floors reports --check --docs docs/verdicts.md writes them again")
+    # what the text beside the table says of the reference's sitting (its ResNet timing in the floor, not its GPT-2's)
+    assert "the reference's ResNet timing among them" in committed, "docs/verdicts.md: say which of the reference's " \
+        "timings are among the floor's records"
+
+
 def test_the_rerun_check_counts_how_often_a_session_lands_inside_another_sessions_interval(tmp_path, capsys):
     from trainopt_core.reporting.floors import main
 

@@ -165,6 +165,8 @@ COMMAND_ROWS = [
      "nothing to estimate the floors from"),
     ("floors --fresh without --check", command(floors.main, str(REPO / "reports"), "--fresh", str(REPO / "reports")),
      "--fresh is for --check"),
+    ("floors --docs without --check", command(floors.main, str(REPO / "reports"), "--docs", str(REPO / "README.md")),
+     "--docs is for --check without --fresh"),
     ("agreement with nothing to compare",
      in_folder(empty_tables, lambda folder: command(agreement.main, str(folder / "a"), str(folder / "b"))),
      "exit 2: agreement: nothing compared"),

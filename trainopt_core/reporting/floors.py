@@ -2,7 +2,11 @@
 timing records, or check how often a rerun lands inside another session's interval.
 
     python -m trainopt_core.reporting.floors reports --out trainopt_core/reporting/session_floor.json
-    python -m trainopt_core.reporting.floors reports --check
+    python -m trainopt_core.reporting.floors reports --check [--docs docs/verdicts.md]
+
+`--docs FILE` writes the committed floors and the check's counts as the two tables of FILE
+between its ``<!-- floors:start -->`` / ``<!-- floors:end -->`` and ``<!-- floors-check:start -->``
+/ ``<!-- floors-check:end -->`` lines (tests/test_session_floor.py checks docs/verdicts.md's).
 
 (Its own module: `trainopt_core.reporting` imports `session_floor`, and running an imported
 module with -m warns.)
@@ -11,10 +15,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from .session_floor import estimate, rerun_coverage
+from .session_floor import estimate, floors, rerun_coverage
+
+REFERENCE = Path("reports") / "quick"  # the reference's folder, named in the floors' table when among its records
+MODEL = {"cifar10": "ResNet", "wikitext2": "GPT-2"}
+
+
+def floors_markdown(floor_table: dict) -> str:
+    """The floors as a Markdown table: each machine kind's relative SDs and the sittings and
+    sessions they come from, with the reference's timings where they are among them."""
+    lines = ["| machine kind | rates (relative SD) | ratios to the baseline | sittings |", "|---|---|---|---|"]
+    for kind, floor in floor_table.items():
+        records = [Path(record) for record in floor["records"]]
+        sessions = {record.parents[1] for record in records}  # <session>/<profile>/timing/throughput__<task>.json
+        reference = sorted(MODEL.get(r.stem.removeprefix("throughput__"), r.stem) for r in records
+                           if r.parents[1] == REFERENCE)
+        among = f", the reference's {' and '.join(reference)} timing among them" if reference else ""
+        lines.append(f"| {kind} | {100 * floor['rate']:.1f} % | {100 * floor['ratio']:.1f} % | {floor['sittings']}, on "
+                     f"{floor['days']} days ({len(sessions)} sessions{among}) |")
+    return "\n".join(lines) + "\n"
+
+
+def coverage_markdown(coverage: dict) -> str:
+    """`rerun_coverage`'s counts as a Markdown table."""
+    lines = ["| | pairs | inside, with the floor | inside, one session's interval |", "|---|---|---|---|"]
+    for what, title in (("rate", "rates"), ("ratio", "ratios to the baseline")):
+        counted, pairs = coverage[what], max(coverage[what]["pairs"], 1)
+        lines.append(f"| {title} | {counted['pairs']:,} | {counted['inside']:,} ({100 * counted['inside'] / pairs:.0f} %) "
+                     f"| {counted['inside_one_session']:,} ({100 * counted['inside_one_session'] / pairs:.0f} %) |")
+    return "\n".join(lines) + "\n"
+
+
+def with_tables(text: str, floor_table: dict, coverage: dict) -> str:
+    """`text` with its floors and rerun-check tables (between their marker lines) made again."""
+    for name, table in (("floors", floors_markdown(floor_table)), ("floors-check", coverage_markdown(coverage))):
+        start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+        if start not in text or end not in text:
+            raise ValueError(f"no {start.strip()} ... {end} lines to write the table between")
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: start + table + end, text, flags=re.S)
+    return text
 
 
 def main(argv=None) -> int:
@@ -27,11 +70,15 @@ def main(argv=None) -> int:
     parser.add_argument("--fresh", action="append", default=[], metavar="FOLDER",
                         help="with --check: count only the pairs of one session under FOLDER (repeatable) and one "
                         "not -- out of sample for a reproduction made after the floors")
+    parser.add_argument("--docs", metavar="FILE", help="with --check: write the committed floors and the counts as "
+                        "FILE's two tables (docs/verdicts.md)")
     args = parser.parse_args(argv)
     if args.check and args.out:
         parser.error("--out is for the floors' estimate, not for --check (which prints its counts)")
     if args.fresh and not args.check:
         parser.error("--fresh is for --check (it picks the pairs counted)")
+    if args.docs and (not args.check or args.fresh):
+        parser.error("--docs is for --check without --fresh (its tables count every pair of sessions)")
     paths = []
     for folder in args.reports:
         if not Path(folder).is_dir():
@@ -58,6 +105,13 @@ def main(argv=None) -> int:
                   "sessions of a machine kind with a floor" + (" (one of them under --fresh)" if args.fresh else ""),
                   file=sys.stderr)
             return 1
+        if args.docs:
+            docs = Path(args.docs)
+            try:
+                docs.write_text(with_tables(docs.read_text(), floors(), coverage))
+            except (OSError, ValueError) as error:
+                parser.error(f"--docs {docs}: {error}")
+            print(f"wrote the floors and these counts into {docs}")
         return 0
     if not paths:
         parser.error(f"no timing records (throughput__<task>.json) under {' '.join(args.reports)}: nothing to estimate "
