@@ -133,6 +133,40 @@ def _resolved_world_size(world_size: int | None) -> int:
     return world_size
 
 
+def _apply_components(model: torch.nn.Module, target: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      config: OptimizationConfig) -> OptimizationConfig:
+    """The configured components applied in place: √L checkpointing of `target`'s blocks (eqs.
+    18-20), channels-last weights, the optimizer's kernels, compiling, and a DDP model's reduced-
+    precision all-reduce (eq. 17). Returns the configuration that runs (checkpointing off where
+    `target` has no known blocks)."""
+    unalias_checkpoint_blocks(target)
+    if config.checkpointing is not None and not has_block_sequence(target):
+        # a preset (OptimizationConfig.optimized()) on a model whose blocks are unknown: run it
+        # without checkpointing rather than stop, and say once how to turn it on
+        warn_at_caller(
+            f"activation checkpointing is off: {type(target).__name__} has no known block sequence "
+            f"(supported: {'; '.join(SUPPORTED_MODELS)}). To turn it on, list the repeated blocks the "
+            "forward calls back to back, as a plain list: model.checkpoint_blocks = list(model.transformer.h) (a "
+            "list adds no second owner of their parameters to the state_dict).")
+        config = config.replace(checkpointing=None)
+    if config.checkpointing is not None:
+        apply_activation_checkpointing(target, segments=config.checkpointing, policy=config.checkpoint_policy)
+    if config.memory_format == "channels_last":
+        _to_channels_last(target)
+    if config.optimizer_impl != "default":
+        use_optimizer_impl(optimizer, config.optimizer_impl)
+    if config.compile:
+        # in place: the caller's model object runs compiled ("reduce-overhead": in CUDA graphs)
+        target.compile(**({} if config.compile_mode == "default" else {"mode": config.compile_mode}))
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
+        # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = default_hooks.bf16_compress_hook if config.precision == "bf16" else default_hooks.fp16_compress_hook
+        model.register_comm_hook(None, hook)
+    return config
+
+
 def prepare(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -156,7 +190,8 @@ def prepare(
     blocks are unknown (`checkpointing.SUPPORTED_MODELS`; give it ``checkpoint_blocks``) runs
     without checkpointing, with one warning, so the presets work on any model; the engine's
     `config` says what runs. `world_size`
-    defaults to torch.distributed's when a process group is initialized.
+    defaults to torch.distributed's when a process group is initialized; a `world_size` > 1 needs an
+    initialized process group of that size. The optimizer holds the model's own parameters.
 
     `backend`: "torch" -- the torch-native engine (one process, or DDP when `model` is a
     DistributedDataParallel); "deepspeed" -- a DeepSpeed engine running ZeRO stage
@@ -193,31 +228,7 @@ def prepare(
         use_deepspeed = config.zero_stage > 0 and world_size > 1 and deepspeed_available()
         backend = "deepspeed" if use_deepspeed else "torch"
     target = checkpoint_model if checkpoint_model is not None else getattr(model, "module", model)
-    unalias_checkpoint_blocks(target)
-    if config.checkpointing is not None and not has_block_sequence(target):
-        # a preset (OptimizationConfig.optimized()) on a model whose blocks are unknown: run it
-        # without checkpointing rather than stop, and say once how to turn it on
-        warn_at_caller(
-            f"activation checkpointing is off: {type(target).__name__} has no known block sequence "
-            f"(supported: {'; '.join(SUPPORTED_MODELS)}). To turn it on, list the repeated blocks the "
-            "forward calls back to back, as a plain list: model.checkpoint_blocks = list(model.transformer.h) (a "
-            "list adds no second owner of their parameters to the state_dict).")
-        config = config.replace(checkpointing=None)
-    if config.checkpointing is not None:
-        apply_activation_checkpointing(target, segments=config.checkpointing, policy=config.checkpoint_policy)
-    if config.memory_format == "channels_last":
-        _to_channels_last(target)
-    if config.optimizer_impl != "default":
-        use_optimizer_impl(optimizer, config.optimizer_impl)
-    if config.compile:
-        # in place: the caller's model object runs compiled ("reduce-overhead": in CUDA graphs)
-        target.compile(**({} if config.compile_mode == "default" else {"mode": config.compile_mode}))
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
-        # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        hook = default_hooks.bf16_compress_hook if config.precision == "bf16" else default_hooks.fp16_compress_hook
-        model.register_comm_hook(None, hook)
+    config = _apply_components(model, target, optimizer, config)
     engine_class = TrainingEngine
     if backend == "deepspeed":
         from .distributed.deepspeed_engine import DeepSpeedTrainingEngine

@@ -230,6 +230,19 @@ class DeepSpeedTrainingEngine(TrainingEngine):
         if withheld:
             for parameter in self.module.parameters():
                 parameter.grad = None
+        scale_before = self._loss_scale
+        stepped = self._deepspeed_step() and not withheld
+        norm = self.ds_engine.get_global_grad_norm() if own_norm is None else own_norm
+        self._grad_norm = None if norm is None else float(norm)  # pre-clip, unscaled
+        self._loss_scale = self._current_loss_scale()
+        self._count_deepspeed_step(stepped, step_samples, withheld)
+        self._stop_where_deepspeed_may_not_go_on(stepped, withheld, scale_before)
+        return stepped
+
+    def _deepspeed_step(self) -> bool:
+        """DeepSpeed's optimizer step at the boundary; whether DeepSpeed applied it. DeepSpeed counts
+        a step as skipped from its own overflow check of the gradients (inf/nan), the same test as
+        GradScaler's -- not from the scale's movement."""
         skipped_before = self.ds_engine.skipped_steps
         scale_before = self._loss_scale
         try:
@@ -243,12 +256,10 @@ class DeepSpeedTrainingEngine(TrainingEngine):
             self.optimizer_steps += 1
             raise self._loss_scale_collapse(scale_before) from error
         self._ds_step_due = False
-        # DeepSpeed counts a step as skipped from its own overflow check of the gradients
-        # (inf/nan), the same test as GradScaler's -- not from the scale's movement.
-        stepped = self.ds_engine.skipped_steps == skipped_before and not withheld
-        norm = self.ds_engine.get_global_grad_norm() if own_norm is None else own_norm
-        self._grad_norm = None if norm is None else float(norm)  # pre-clip, unscaled
-        self._loss_scale = self._current_loss_scale()
+        return self.ds_engine.skipped_steps == skipped_before
+
+    def _count_deepspeed_step(self, stepped: bool, step_samples: int, withheld: bool) -> None:
+        """After a boundary step, taken or skipped: the counters, the item weighting's running mean, the next k."""
         if stepped:
             self.consecutive_skipped_steps = 0
         else:
@@ -267,6 +278,10 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                 self.monitor.finish_step(math.nan, [])
             else:
                 self._update_k()  # eq. 6 on identical gathered numbers; the k setter tells DeepSpeed
+
+    def _stop_where_deepspeed_may_not_go_on(self, stepped: bool, withheld: bool, scale_before: float) -> None:
+        """Raise after a boundary step where the run may not go on: too many non-finite steps in a
+        row, a non-finite step DeepSpeed applied, or fp16's loss scale collapsed at DeepSpeed's floor."""
         # bf16/fp32 at ZeRO-1/2: DeepSpeed's ZeRO optimizer finds the non-finite norm itself and
         # skips the step (its weights untouched: DeepSpeed 0.19); counted as the torch engine does
         nonfinite_norm = (self.config.precision != "fp16" and not withheld and self._grad_norm is not None
@@ -289,7 +304,6 @@ class DeepSpeedTrainingEngine(TrainingEngine):
                 raise self._loss_scale_collapse(self._loss_scale)
             mp.check_loss_scale(self._loss_scale, consecutive_skips=self.consecutive_skipped_steps,
                                 min_loss_scale=DEEPSPEED_MIN_LOSS_SCALE, backend="DeepSpeed")
-        return stepped
 
     def _stop_nonfinite_before_step(self) -> None:
         """bf16/fp32 under DeepSpeed: its optimizers apply whatever gradient they hold (only its
