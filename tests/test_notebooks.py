@@ -318,6 +318,23 @@ def test_executed_notebooks_say_each_stand_in_once_and_carry_no_absolute_paths_o
         assert not cleanliness_faults(read(path), parameters_and_metadata=False), name
 
 
+@pytest.mark.slow
+def test_executed_notebooks_say_their_reused_runs_once_and_why_the_tables_throughput_is_not_a_runs_own(executed):
+    from trainopt_core.reporting.notebook import TIMING_NOTE
+
+    for name, path in executed["notebooks"].items():
+        nb = read(path)
+        text = "\n".join(str(o.get("text", "")) for c in code_cells(nb) for o in c.outputs)
+        grids = sum(c.source.count("run_grid(") + c.source.count("timed_grid(") for c in code_cells(nb))
+        reused = [line for line in text.splitlines() if line.startswith("reused ") or "; reused " in line]
+        assert "reused (a finished record" not in text, name  # once a line per reused run
+        assert len(reused) <= grids and all("finished run" in line for line in reused), (name, reused)
+        timed = sum(c.source.count("timed_grid(") for c in code_cells(nb))
+        assert text.count(TIMING_NOTE) == timed, name
+    assert any("reused " in str(o.get("text", "")) for path in executed["notebooks"].values()
+               for c in code_cells(read(path)) for o in c.outputs)  # the shared smoke runs were reused
+
+
 def _code(nb) -> list[str]:
     return [c.source for c in code_cells(nb) if "injected-parameters" not in c.metadata.get("tags", [])]
 

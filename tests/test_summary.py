@@ -134,18 +134,45 @@ def test_the_readme_shows_the_reference_summary_as_generated():
 
 
 @pytest.mark.slow
-def test_a_batch_run_says_which_run_of_how_many_and_whether_it_trained_or_reused(tmp_path, monkeypatch):
+def test_a_batch_run_says_which_run_of_how_many_it_trained_and_the_reused_ones_once(tmp_path, monkeypatch):
     from trainopt_core.reporting.notebook import run_grid
     from trainopt_core.reproduction.progress import PROGRESS_LOG
 
     log = tmp_path / "progress.log"
     monkeypatch.setenv(PROGRESS_LOG, str(log))
-    run_grid("wikitext2", ["baseline"], seeds=2, profile="smoke", out_dir=tmp_path / "runs")
+    run_grid("wikitext2", ["baseline"], seeds=2, profile="smoke", out_dir=tmp_path / "smoke" / "runs")
     lines = [line for line in log.read_text().splitlines() if not line.startswith("  …")]  # heartbeats aside
-    run = r"[\d.e+]+ tok/s, final perplexity [\d.e+]+"
+    run = r"final perplexity [\d.e+]+, [\d.e+]+ tok/s on its own clock"
     assert re.fullmatch(rf"  run 1/2: wikitext2 baseline seed 0: {run}; trained in \d+ s; \d+ s so far, about \d+ s left",
                         lines[0]), lines
     assert re.fullmatch(rf"  run 2/2: wikitext2 baseline seed 1: {run}; trained in \d+ s; \d+ s so far", lines[1]), lines
+    assert len(lines) == 3 and re.fullmatch(r"  2 runs trained in \d+ s \(records in <reports_dir>/smoke/runs\)",
+                                            lines[2]), lines
     log.write_text("")
-    run_grid("wikitext2", ["baseline"], seeds=2, profile="smoke", out_dir=tmp_path / "runs")
-    assert re.search(r"seed 0: .*; reused \(a finished record made under the same conditions\)", log.read_text())
+    run_grid("wikitext2", ["baseline"], seeds=2, profile="smoke", out_dir=tmp_path / "smoke" / "runs")
+    assert log.read_text().splitlines() == [
+        "  reused 2 finished runs from <reports_dir>/smoke/runs (made under the same conditions; nothing trained again)"]
+
+
+def test_a_grid_says_its_reused_runs_once_and_why_the_tables_throughput_is_not_a_runs_own(tmp_path, monkeypatch):
+    """The reference's notebooks carried a line per reused run (2-78 each), whose img/s (a run's own
+    clock, e.g. 17.5) disagreed with the tables' (151.6) without a word on the timing windows."""
+    from trainopt_core.reporting import notebook
+    from trainopt_core.reproduction.progress import PROGRESS_LOG
+
+    log = tmp_path / "progress.log"
+    monkeypatch.setenv(PROGRESS_LOG, str(log))
+    old = dict(metrics=dict(throughput=17.5, throughput_unit="img/s", quality_name="accuracy", final_quality=0.8),
+               manifest=dict(date_utc="2026-11-27T00:00:00+00:00"))
+    monkeypatch.setattr(notebook, "run", lambda task, config, **_: dict(old, task=task, config_name=config))
+    monkeypatch.setattr(notebook, "measure_throughput", lambda task, configs, **_: dict(
+        configs=configs, windows=12, results=dict(baseline=dict(item_unit="img/s", summary=dict(
+            mean=151.6, min=140.0, max=160.0)))))
+    monkeypatch.setattr(notebook, "with_throughput", lambda records, timings: records)
+    paths = notebook.report_paths(tmp_path / "reports", "quick")
+    records = notebook.timed_grid("cifar10,wikitext2", ["baseline", "optimized"], seeds=3, profile="quick", paths=paths)
+    said = log.read_text()
+    assert len(records) == 12 and "17.5" not in said and "run 1/12" not in said, said
+    assert said.count("  reused 12 finished runs from <reports_dir>/quick/runs (made under the same conditions; "
+                      "nothing trained again)\n") == 1, said
+    assert said.count(notebook.TIMING_NOTE) == 1 and "151.6 img/s" in said, said

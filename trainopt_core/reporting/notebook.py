@@ -40,6 +40,11 @@ TASK_LABELS = {
 # `auto` is planned on the machine that runs it (reproduction.autoplan).
 TABLE_CONFIGS = table_configs()
 
+# Said once after the timing: why the tables' throughput is not the img/s a run's line gave.
+TIMING_NOTE = ("The tables' throughput (and so their time to target) comes from these interleaved windows, every "
+               "configuration timed in turn within the same minutes, not from a run's own clock, which measured "
+               "each run alone, at its own time, on a machine whose speed drifts.")
+
 # The settings configuration_table shows, in words.
 CONFIG_HEADERS = {"precision": "precision (requested)", "k": "k (micro-batches per step)", "adaptive": "adaptive k",
                   "k_min": "k min", "k_max": "k max", "schedule": "LR schedule", "warmup_fraction": "warmup",
@@ -135,18 +140,40 @@ def _record_files(folder) -> dict[str, int]:
 
 def _run_line(task: str, config: str, seed: int, record: dict) -> str:
     m = record["metrics"]
-    return (f"{task} {config} seed {seed}: {m['throughput']:.4g} {m['throughput_unit']}, "
-            f"final {m['quality_name']} {m['final_quality']:.4g}")
+    return (f"{task} {config} seed {seed}: final {m['quality_name']} {m['final_quality']:.4g}, "
+            f"{m['throughput']:.4g} {m['throughput_unit']} on its own clock")
+
+
+def _runs(count: int, what: str = "run") -> str:
+    return f"{count} {what}{'s' if count != 1 else ''}"
+
+
+def _shown_runs(out_dir, profile: str) -> str:
+    """The runs folder as a notebook prints it (`ReportPaths.shown`), or as given when it is not
+    ``<reports_dir>/<profile>/runs``."""
+    folder = Path(out_dir).resolve()
+    if folder.name == "runs" and folder.parent.name == profile:
+        return ReportPaths(folder.parent.parent, profile).shown(folder)
+    return str(out_dir)
+
+
+def grid_line(*, trained: int, trained_s: float, reused: int, runs_shown: str) -> str:
+    """What a grid of runs did, in one line: the runs reused are said here, once, not a line each."""
+    reused_line = f"reused {_runs(reused, 'finished run')} from {runs_shown} (made under the same conditions"
+    if not trained:
+        return reused_line + "; nothing trained again)"
+    trained_line = f"{_runs(trained)} trained in {minutes(trained_s)}"
+    return f"{trained_line}; {reused_line})" if reused else f"{trained_line} (records in {runs_shown})"
 
 
 def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str = "auto", executor: str = "local",
              ray_address: str | None = None, **options) -> list[dict]:
     """`runner.run` for every task x configuration x seed (a finished record is reused, not
-    re-run), and returns the records. Says one progress line per run (which of how many, trained
-    or reused, the time so far and the time left at the pace of the runs trained so far), and
-    while a run trains or plans, a heartbeat line at least every `progress.HEARTBEAT_S` seconds.
-    `executor="ray"`: the runs are Ray tasks (`reproduction.executor`), on the cluster at
-    `ray_address` or on one started here."""
+    re-run), and returns the records. Says one progress line per run trained (which of how many,
+    the time so far and the time left at the pace of the runs trained so far), the runs reused
+    once at the end (`grid_line`), and while a run trains or plans, a heartbeat line at least every
+    `progress.HEARTBEAT_S` seconds. `executor="ray"`: the runs are Ray tasks
+    (`reproduction.executor`), on the cluster at `ray_address` or on one started here."""
     grid = [(task, config, seed) for task in parse_tasks(tasks) for config in configs for seed in parse_seeds(seeds)]
     if check_executor(executor) == "ray":
         with step(f"{len(grid)} runs on Ray"):
@@ -156,7 +183,7 @@ def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str =
             print(_run_line(task, config, seed, record))
         return records
     records = []
-    started, trained_s, trained = time.perf_counter(), 0.0, 0
+    started, trained_s, trained, reused = time.perf_counter(), 0.0, 0, 0
     for index, (task, config, seed) in enumerate(grid, 1):
         start = time.perf_counter()
         made_after = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -164,19 +191,20 @@ def run_grid(tasks, configs, *, seeds, profile: str, out_dir, data_policy: str =
         with step(f"run {index}/{len(grid)}: {task} {config} seed {seed}"):
             record = run(task, config, profile=profile, seed=seed, out_dir=out_dir, data_policy=data_policy,
                          progress=False, **options)
+        records.append(record)
         seconds = time.perf_counter() - start
         # reused: no record written (a record made in the same second as this run began has the
         # same date_utc), or one copied from a twin made earlier
-        reused = (_record_files(out_dir) == before
-                  or record.get("manifest", {}).get("date_utc", made_after) < made_after)
-        if not reused:
-            trained_s, trained = trained_s + seconds, trained + 1
+        if (_record_files(out_dir) == before
+                or record.get("manifest", {}).get("date_utc", made_after) < made_after):
+            reused += 1
+            continue
+        trained_s, trained = trained_s + seconds, trained + 1
         left = len(grid) - index
-        eta = f", about {minutes(left * trained_s / trained)} left" if trained and left else ""
-        say(f"run {index}/{len(grid)}: {_run_line(task, config, seed, record)}; "
-            + ("reused (a finished record made under the same conditions)" if reused else
-               f"trained in {minutes(seconds)}") + f"; {minutes(time.perf_counter() - started)} so far{eta}")
-        records.append(record)
+        eta = f", about {minutes(left * trained_s / trained)} left" if left else ""
+        say(f"run {index}/{len(grid)}: {_run_line(task, config, seed, record)}; trained in {minutes(seconds)}; "
+            f"{minutes(time.perf_counter() - started)} so far{eta}")
+    say(grid_line(trained=trained, trained_s=trained_s, reused=reused, runs_shown=_shown_runs(out_dir, profile)))
     return records
 
 
@@ -201,6 +229,7 @@ def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_
             f"baseline {base['mean']:.4g} {timing['results']['baseline']['item_unit']} "
             f"(range {base['min']:.4g}-{base['max']:.4g}), {minutes(time.perf_counter() - start)}")
         timings.append(timing)
+    say(TIMING_NOTE)
     return with_throughput(records, timings)
 
 
