@@ -96,3 +96,6 @@ def test_the_readme_answers_on_its_first_screen():
     end = next(i for i, line in enumerate(lines, 1) if line.startswith("<!-- summary:end -->"))
     assert end <= 60, f"the summary block ends on line {end}: the answer belongs in the first 60 lines"
     assert len(lines) <= 250, f"README.md has {len(lines)} lines"
+    # the GPU paragraph follows the two commands a reader runs first
+    assert lines.index("## The two commands") < lines.index("<!-- gpu:start -->") < lines.index(
+        "## Adopting the components in your own loop")

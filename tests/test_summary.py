@@ -119,6 +119,41 @@ def test_the_summary_says_beside_its_counts_what_its_intervals_cover_and_how_it_
         profile_summary(tmp_path, "quick")
 
 
+def test_the_agreement_line_says_it_compares_two_kinds_and_what_reruns_on_one_kind_gave(tmp_path):
+    """A reader took "agreement: no" for "not reproducible": the line says the previous reference ran
+    bf16 where this one ran fp32, and the reruns on one kind that previous_reference.json lists are
+    checked beside it, with their run records' comparison."""
+    import json
+
+    reports = tmp_path / "reports"
+    previous = REFERENCE / "other_machines" / "amd_epyc_avx512bf16" / "reference_2026-11-23" / "quick"
+    for source, folder in ((REFERENCE / "quick", "quick"), (previous, "old/quick"), (REFERENCE / "quick", "rerun/quick")):
+        for part in ("tables", "timing"):
+            shutil.copytree(source / part, reports / folder / part)
+    (reports / "records.txt").write_text("same    a.json: 9 deterministic fields\n"
+                                         "18 of 18 records identical in every deterministic field\n")
+    entry = {"folder": "old/quick", "machine": "a CPU with AVX-512 BF16: another kind of machine",
+             "same_kind": [{"what": "a second sitting", "folders": ["rerun/quick", "quick"], "records": "records.txt"}]}
+    (reports / "previous_reference.json").write_text(json.dumps({"quick": entry}))
+    first = profile_summary(reports, "quick").splitlines()[0]
+    assert ("(`old/quick`, a CPU with AVX-512 BF16: another kind of machine; its reduced-precision configurations ran "
+            "bf16 there, fp32 here): **no**") in first
+    assert first.endswith("Reruns on one kind of machine agree: a second sitting (`rerun/quick`): **yes**, 0 of the 74 "
+                          "verdict cells of Tables I-IV differ and 0 of 56 throughput and time ratios lie outside the "
+                          "other's 95 % interval; 18 of 18 run records equal in every deterministic field "
+                          "(`reports/records.txt`)."), first
+    # a rerun whose verdict differs is said as it is
+    table = reports / "rerun/quick/tables/table1_resnet.csv"
+    frame = pd.read_csv(table)
+    frame.loc[frame["metric"] == "Final accuracy", "claim_held"] = "held"
+    frame.to_csv(table, index=False)
+    assert "Reruns on one kind of machine: a second sitting (`rerun/quick`): **no**, 1 of the 74" in \
+        profile_summary(reports, "quick").splitlines()[0]
+    (reports / "records.txt").write_text("not a comparison\n")
+    with pytest.raises(ValueError, match="a comparison written by scripts/rerun_records.py"):
+        profile_summary(reports, "quick")
+
+
 def test_the_reports_index_opens_with_the_summary(tmp_path):
     shutil.copytree(REFERENCE / "quick" / "tables", tmp_path / "quick" / "tables")
     index = write_reports_index(tmp_path).read_text()

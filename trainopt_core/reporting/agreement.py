@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -197,13 +199,17 @@ def format_agreement(result: dict) -> str:
 
 
 # reports/previous_reference.json: {profile: the previous reference's folder, relative to reports/},
-# or {profile: {"folder": ..., "machine": ...}} where its manifests do not record what kind of machine
-# it ran on (no instruction set, no CPU family) and "machine" says it
+# or {profile: {"folder": ..., "machine": ..., "same_kind": [...]}} where its manifests do not record
+# what kind of machine it ran on (no instruction set, no CPU family) and "machine" says it, and
+# "same_kind" lists committed reruns on one kind of machine whose agreement the summary states beside
+# it: {"what": in words, "folders": [two report folders relative to reports/], "records": optionally
+# the comparison of their run records by scripts/rerun_records.py, relative to reports/}
 PREVIOUS_REFERENCE = "previous_reference.json"
 
 
 def _pointer(reports_root: str | Path, profile: str) -> dict | None:
-    """`profile`'s entry of ``previous_reference.json`` as {"folder": ..., "machine": ... or None}."""
+    """`profile`'s entry of ``previous_reference.json`` as {"folder": ..., "machine": ... or None,
+    "same_kind": [...]}."""
     pointer = Path(reports_root) / PREVIOUS_REFERENCE
     entry = json.loads(pointer.read_text()).get(profile) if pointer.is_file() else None
     if entry is None:
@@ -211,7 +217,12 @@ def _pointer(reports_root: str | Path, profile: str) -> dict | None:
     entry = {"folder": entry} if isinstance(entry, str) else entry
     if not isinstance(entry, dict) or not isinstance(entry.get("folder"), str):
         _fail(f"{PREVIOUS_REFERENCE}[{profile!r}]", entry, 'a folder, or {"folder": ..., "machine": ...}')
-    return {"folder": entry["folder"], "machine": entry.get("machine")}
+    same_kind = entry.get("same_kind") or []
+    if not all(isinstance(c, dict) and isinstance(c.get("what"), str) and isinstance(c.get("folders"), list)
+               and len(c["folders"]) == 2 for c in same_kind):
+        _fail(f"{PREVIOUS_REFERENCE}[{profile!r}]['same_kind']", same_kind,
+              'a list of {"what": ..., "folders": [two report folders], "records": optional}')
+    return {"folder": entry["folder"], "machine": entry.get("machine"), "same_kind": same_kind}
 
 
 def previous_reference(reports_root: str | Path, profile: str) -> Path | None:
@@ -241,20 +252,79 @@ def _machine(folder: Path) -> tuple[str | None, str]:
     return (None if kind is None or "unknown" in kind else kind), describe_hardware(manifest or {}) or "its machine unknown"
 
 
+def reduced_precision_ran(folder: str | Path) -> str | None:
+    """The precision the reduced-precision configurations of a report folder ran in ("bf16",
+    "fp32" where none could run reduced), from Table III's "precision" column; None without it."""
+    ran = set()
+    for path in sorted((Path(folder) / "tables").glob("table3_ablation_*.csv")):
+        table = pd.read_csv(path)
+        if "precision" in table.columns:
+            ran |= set(table.loc[table["config"] != "baseline", "precision"].dropna().astype(str))
+    return ("/".join(sorted(ran - {"fp32"})) or "fp32") if ran else None
+
+
+def _tables_named(result: dict) -> str:
+    """The tables compared, as the paper numbers them: "Tables I-IV", "Tables I and II"."""
+    numerals = [("I", "II", "III", "IV")[n - 1] for n in sorted({int(name[5]) for name in result["tables"]})]
+    if len(numerals) > 2 and len(numerals) == ("I", "II", "III", "IV").index(numerals[-1]) + 1:
+        return f"Tables I-{numerals[-1]}"
+    return "Table " + numerals[0] if len(numerals) == 1 else f"Tables {', '.join(numerals[:-1])} and {numerals[-1]}"
+
+
+def _counts(result: dict) -> str:
+    return (f"{len(result['verdict_flips'])} of the {result['verdicts_compared']} verdict cells of "
+            f"{_tables_named(result)} differ and {len(result['ratios_outside'])} of {result['timing_ratios_compared']} "
+            "throughput and time ratios lie outside the other's 95 % interval")
+
+
 def agreement_sentence(current: str | Path, previous: str | Path, name: str, machine: str | None = None) -> str:
     """The agreement check of `current` against `previous` (named `name`) in one sentence, with the
     previous one's machine: as its manifests record it, or `machine` where they do not record its
-    kind; and whether it is the kind of machine `current` ran on."""
+    kind; whether it is the kind of machine `current` ran on; and the precision each one's
+    reduced-precision configurations ran in, where it differs (bf16 there, fp32 here)."""
     result = compare_reports(previous, current)
     (kind, hardware), (current_kind, _) = _machine(Path(previous)), _machine(Path(current))
     if kind is None and machine:
         hardware = machine
     elif kind and current_kind:
         hardware += ": the same kind of machine" if kind == current_kind else ": another kind of machine"
+    there, here = reduced_precision_ran(previous), reduced_precision_ran(current)
+    if there and here and there != here:
+        hardware += f"; its reduced-precision configurations ran {there} there, {here} here"
     return (f"Agreement with the previous reference (`{name}`, {hardware}): **{'yes' if result['agree'] else 'no'}**, "
-            f"{len(result['verdict_flips'])} of the {result['verdicts_compared']} verdict cells of Tables I-IV differ and "
-            f"{len(result['ratios_outside'])} of {result['timing_ratios_compared']} throughput and time ratios lie "
-            "outside the other's 95 % interval.")
+            f"{_counts(result)}.")
+
+
+def _records_identical(path: Path) -> str | None:
+    """"N of M" from the last line of scripts/rerun_records.py's comparison, or None."""
+    lines = path.read_text().strip().splitlines() if path.is_file() else []
+    found = re.fullmatch(r"(\d+ of \d+) records identical in every deterministic field", lines[-1]) if lines else None
+    return found.group(1) if found else None
+
+
+def same_kind_sentence(reports_root: str | Path, profile: str) -> str | None:
+    """The agreement checks of the reruns on one kind of machine that ``previous_reference.json``
+    lists for `profile` (made now, from their tables), in one sentence; None where it lists none."""
+    entry, root = _pointer(reports_root, profile), Path(reports_root)
+    parts, agree = [], True
+    for comparison in (entry or {}).get("same_kind", []):
+        first, second = comparison["folders"]
+        result = compare_reports(root / first, root / second)
+        agree &= result["agree"]
+        shown = ", ".join(f"`{folder}`" for folder in (first, second) if folder != profile)
+        part = f"{comparison['what']} ({shown}): **{'yes' if result['agree'] else 'no'}**, {_counts(result)}"
+        records = comparison.get("records")
+        if records:
+            identical = _records_identical(root / records)
+            if identical is None:
+                _fail(f"{PREVIOUS_REFERENCE}[{profile!r}]['same_kind'] records", records,
+                      "a comparison written by scripts/rerun_records.py, ending 'N of M records identical ...'")
+            part += (f"; {identical} run records equal in every deterministic field "
+                     f"(`{os.path.normpath(Path(root.name) / records)}`)")
+        parts.append(part)
+    if not parts:
+        return None
+    return ("Reruns on one kind of machine agree: " if agree else "Reruns on one kind of machine: ") + "; ".join(parts) + "."
 
 
 def main(argv=None) -> int:
@@ -284,4 +354,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["PREVIOUS_REFERENCE", "RATIO_TOLERANCE", "agreement_sentence", "compare_reports", "compare_speeds",
-           "format_agreement", "main", "previous_reference", "previous_reference_machine"]
+           "format_agreement", "main", "previous_reference", "previous_reference_machine", "reduced_precision_ran",
+           "same_kind_sentence"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .agreement import agreement_sentence, previous_reference, previous_reference_machine
+from .agreement import agreement_sentence, previous_reference, previous_reference_machine, same_kind_sentence
 from .environment import describe_manifest
 from . import session_floor
 from .results import as_number, load_records, profile_dir, stored_throughput
@@ -104,7 +104,8 @@ def counts(summary: pd.DataFrame) -> dict[str, int]:
 def profile_summary(reports_dir: str | os.PathLike, profile: str, *, tables_dir=None) -> str:
     """`summary_markdown` of ``<reports_dir>/<profile>/tables`` (or `tables_dir`), with the data and
     hardware its runs' records name, and beside the counts what its timing intervals cover and,
-    where ``previous_reference.json`` names one, the agreement check against the previous reference."""
+    where ``previous_reference.json`` names one, the agreement check against the previous reference
+    and those of the reruns on one kind of machine it lists."""
     described = describe_manifest(load_records(reports_dir, profile))
     context = {key: described[key] for key in ("Data", "Hardware") if key in described}
     timings = stored_throughput(profile_dir(reports_dir, profile) / "timing", ("cifar10", "wikitext2"))
@@ -120,6 +121,8 @@ def profile_summary(reports_dir: str | os.PathLike, profile: str, *, tables_dir=
         headline.append(agreement_sentence(profile_dir(reports_dir, profile), previous,
                                            previous.relative_to(Path(reports_dir)).as_posix(),
                                            previous_reference_machine(reports_dir, profile)))
+        # what a rerun on one kind of machine gives, beside a check across two kinds
+        headline += filter(None, [same_kind_sentence(reports_dir, profile)])
     return summary_markdown(tables_dir or Path(reports_dir) / profile / "tables", profile=profile, context=context,
                             headline=headline)
 
