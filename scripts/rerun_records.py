@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+print("[rerun_records] importing torch and trainopt_core (seconds; longer on a first run) ...", file=sys.stderr,
+      flush=True)  # a sign of life before the imports
 from trainopt_core.reproduction.records import deterministic_fields, record_differences  # noqa: E402
 
 def rerun(reference_dir: Path, out_dir: Path) -> None:

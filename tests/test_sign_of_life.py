@@ -58,7 +58,7 @@ def _commands(folder: Path):
         "op_profile.py": ([python, "scripts/op_profile.py", "--out", str(folder / "ops"), "--profile", "smoke"],
                           "[op_profile] importing torch"),
         "rerun_records.py": ([python, "scripts/rerun_records.py", str(records), "--out", str(folder / "rerun")],
-                             "re-running the 1 run records of"),
+                             "[rerun_records] importing torch"),
         "ray_kill_cost.py": ([python, "scripts/ray_kill_cost.py", str(folder / "ray")], "[ray_kill_cost] importing torch"),
     }
 
