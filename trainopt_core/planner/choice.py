@@ -3,6 +3,8 @@ candidates within the memory budget, never one slower than the baseline unless t
 it, with what each other candidate lost by and whether only within the timing noise."""
 from __future__ import annotations
 
+import re
+
 import math
 from typing import Sequence
 
@@ -60,12 +62,24 @@ def measured_part(row: dict) -> dict:
 
 
 def costs_apart(cost: float, other: float) -> str:
-    """Two eq. 3 costs as "A vs B", at the fewest significant digits (3 or more) that tell them apart,
-    so that "higher" shows in the numbers (0.3152 vs 0.3148, not 0.315 vs 0.315)."""
-    digits = 3
-    while digits < 17 and cost != other and f"{cost:#.{digits}g}" == f"{other:#.{digits}g}":
-        digits += 1
-    return f"{cost:#.{digits}g} vs {other:#.{digits}g}"
+    """Two eq. 3 costs as "A vs B", at the fewest decimals (3 or more) that tell them apart, so
+    that "higher" shows in the numbers (0.3152 vs 0.3148, not 0.315 vs 0.315)."""
+    decimals = 3
+    while decimals < 17 and cost != other and f"{cost:.{decimals}f}" == f"{other:.{decimals}f}":
+        decimals += 1
+    return f"{cost:.{decimals}f} vs {other:.{decimals}f}"
+
+
+def reworded_costs(reason: str | None, cost: float | None, chosen_cost: float | None) -> str | None:
+    """A stored reason's "(A vs B)" costs written again by `costs_apart` from the row's and the
+    choice's stored costs: a plan made before its digits were chosen so says "0.3155 vs 0.3148",
+    not "0.315 vs 0.315". Other reasons, or rows without both costs, are returned as they were."""
+    if not reason or cost is None or chosen_cost is None:
+        return reason
+    pair = re.search(r"\((\d+\.\d+) vs (\d+\.\d+)\)", reason)
+    if pair is None or (float(pair[1]), float(pair[2])) != (round(cost, 3), round(chosen_cost, 3)):
+        return reason  # not this row's stored pair (another wording): left as it was
+    return reason[:pair.start()] + f"({costs_apart(cost, chosen_cost)})" + reason[pair.end():]
 
 
 def _cost_interval(row: dict) -> str:

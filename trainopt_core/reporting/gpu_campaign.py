@@ -40,7 +40,7 @@ def plan_candidates(plan: dict, flops_per_item: float, items_per_sample: float, 
     its speedup over the fp32 baseline (paired windows) times the baseline's rate (items/s:
     `items_per_sample` / its seconds per sample) times `flops_per_item`, over `peak_of(row)`, the
     peak FLOP/s of the row's precision; its interval is the speedup's, scaled the same way."""
-    from ..planner.choice import baseline_row
+    from ..planner.choice import baseline_row, reworded_costs
 
     base = baseline_row(plan["rows"])
     chosen = next(row for row in plan["rows"] if row["candidate"] == plan["chosen"])
@@ -50,6 +50,7 @@ def plan_candidates(plan: dict, flops_per_item: float, items_per_sample: float, 
         entry = {key: row.get(key) for key in ("candidate", "speedup", "speedup_ci_low", "speedup_ci_high",
                                                "seconds_per_sample", "peak_memory_bytes", "compile_s",
                                                "rejected_because")}
+        entry["rejected_because"] = reworded_costs(row.get("rejected_because"), row.get("cost"), chosen.get("cost"))
         entry["mfu"] = entry["mfu_ci"] = entry["break_even_samples"] = None
         if row.get("speedup") and row.get("seconds_per_sample"):
             per_speedup = flops_per_item * base_rate / peak_of(row)
