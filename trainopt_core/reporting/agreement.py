@@ -291,8 +291,11 @@ def agreement_sentence(current: str | Path, previous: str | Path, name: str, mac
     there, here = reduced_precision_ran(previous), reduced_precision_ran(current)
     if there and here and there != here:
         hardware += f"; its reduced-precision configurations ran {there} there, {here} here"
-    return (f"Agreement with the previous reference (`{name}`, {hardware}): **{'yes' if result['agree'] else 'no'}**, "
-            f"{_counts(result)}.")
+    other_kind = (kind != current_kind) if kind and current_kind else "another kind" in (machine or "")
+    across = "Across two kinds of machine: " if other_kind else ""
+    return (f"{across}{'a' if across else 'A'}greement with the previous reference (`{name}`, {hardware}): "
+            f"**{'yes' if result['agree'] else 'no'}**, {_counts(result)} (a verdict cell: one claim's verdict for one "
+            "configuration).")
 
 
 def _records_identical(path: Path) -> str | None:

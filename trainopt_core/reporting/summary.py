@@ -118,11 +118,12 @@ def profile_summary(reports_dir: str | os.PathLike, profile: str, *, tables_dir=
                             "known for this machine): a rerun may land outside them.")
     previous = previous_reference(reports_dir, profile) if profile != "smoke" else None
     if previous is not None:
+        # what a rerun on one kind of machine gives first, then the check against the previous
+        # reference, which may be another kind (a reader took its "no" for "not reproducible")
+        headline += filter(None, [same_kind_sentence(reports_dir, profile)])
         headline.append(agreement_sentence(profile_dir(reports_dir, profile), previous,
                                            previous.relative_to(Path(reports_dir)).as_posix(),
                                            previous_reference_machine(reports_dir, profile)))
-        # what a rerun on one kind of machine gives, beside a check across two kinds
-        headline += filter(None, [same_kind_sentence(reports_dir, profile)])
     return summary_markdown(tables_dir or Path(reports_dir) / profile / "tables", profile=profile, context=context,
                             headline=headline)
 
