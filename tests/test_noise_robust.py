@@ -153,7 +153,7 @@ def test_throughput_record_is_interleaved_and_reused_only_under_the_same_conditi
     assert all(record["results"][name]["minor_page_faults_per_step"] >= 0 for name in configs)
     again = measure_throughput("wikitext2", ["baseline"], profile="smoke", seeds=1, out_dir=tmp_path,
                                data_policy="standin", progress=False)
-    assert again == json.loads(json.dumps(record))  # a subset of what was timed: reused
+    assert again.pop("reused") is True and again == json.loads(json.dumps(record))  # a subset of what was timed
     stale = json.loads(throughput_path(tmp_path, "wikitext2").read_text())
     stale["conditions"]["hardware"] = {"gpu_name": "NVIDIA A100-SXM4-80GB", "gpu_count": 1}
     throughput_path(tmp_path, "wikitext2").write_text(json.dumps(stale))
@@ -182,7 +182,8 @@ def test_timing_windows_grow_with_seeds_and_twins_are_timed_once(tmp_path):
     assert "timed_as" not in timed and any("timed as" in note for note in twin["notes"])
     again = measure_throughput("wikitext2", configs, profile="smoke", seeds=3, out_dir=tmp_path,
                                data_policy="standin", progress=False)
-    assert again == json.loads(json.dumps(record))
+    assert again.pop("reused") is True and again == json.loads(json.dumps(record))
+    assert "reused" not in record and "reused" not in json.loads(throughput_path(tmp_path, "wikitext2").read_text())
     fewer = measure_throughput("wikitext2", configs, profile="smoke", seeds=1, out_dir=tmp_path,
                                data_policy="standin", progress=False)
     assert fewer["windows"] == 2  # another window count: measured again

@@ -22,7 +22,7 @@ from ..reproduction.executor import check_executor, run_on_ray
 from ..reproduction.profiles import PROFILES, TASKS, table_configs
 from ..reproduction.progress import minutes, say, step
 from ..reproduction.runner import run
-from ..reproduction.throughput import measure_throughput
+from ..reproduction.throughput import measure_throughput, throughput_path
 from .figures import figure_image, save_figure
 from .index import footnotes_markdown, markdown_table, published_table, write_table
 from .results import paper_claims, resolve_reports_dir, with_throughput
@@ -225,9 +225,11 @@ def timed_grid(tasks, configs, *, seeds, profile: str, paths: ReportPaths, data_
                                         seeds=len(parse_seeds(seeds)), out_dir=paths.timing, data_policy=data_policy,
                                         progress=False, **timing_options)
         base = timing["results"]["baseline"]["summary"]
+        how = (f"reused from {paths.shown(throughput_path(paths.timing, task))} (made under the same conditions; "
+               "nothing timed again)" if timing.get("reused") else minutes(time.perf_counter() - start))
         say(f"timing {task}: {len(timing['configs'])} configurations x {timing['windows']} interleaved windows; "
             f"baseline {base['mean']:.4g} {timing['results']['baseline']['item_unit']} "
-            f"(range {base['min']:.4g}-{base['max']:.4g}), {minutes(time.perf_counter() - start)}")
+            f"(range {base['min']:.4g}-{base['max']:.4g}), {how}")
         timings.append(timing)
     say(TIMING_NOTE)
     return with_throughput(records, timings)

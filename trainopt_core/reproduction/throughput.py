@@ -103,7 +103,7 @@ def measure_throughput(task: str, configs, *, profile: str = "quick", seed: int 
                 existing = None if rerun else load_throughput(out_dir, task)
                 if (existing is not None and not condition_differences(existing, conditions)
                         and existing.get("windows") == windows and _times_the_same(existing, hashes)):
-                    return existing
+                    return dict(existing, reused=True)  # `reused`: said by the caller, never written
         probes = machine_probes(device)
         timed = {name: w.step for name, w in workloads.items()}
         timed.update({PROBE_PREFIX + name: probe for name, probe in probes.items()})
