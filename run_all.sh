@@ -158,7 +158,12 @@ case "$reports_root" in
 esac
 out_dir="$reports_shown/$profile/notebooks"
 mkdir -p "$out_dir"
-echo "[run_all] profile $profile, $seeds seed(s), tasks $tasks, data policy $data_policy, sections ${selected[*]}, executor $executor${ray_address:+ at $ray_address}"
+case "$data_policy" in
+    auto) data_said="data policy auto: the real data sets where they are in ./data, else labeled stand-ins (NOT CIFAR-10, NOT WikiText-2); the summary at the end says which" ;;
+    standin) data_said="data policy standin: labeled stand-ins (NOT CIFAR-10, NOT WikiText-2)" ;;
+    *) data_said="data policy $data_policy" ;;
+esac
+echo "[run_all] profile $profile, $seeds seed(s), tasks $tasks, $data_said, sections ${selected[*]}, executor $executor${ray_address:+ at $ray_address}"
 failures=()
 run_start=$(date +%s)
 # the notebooks' progress lines (which run of how many, trained or reused, time left), shown here
