@@ -231,12 +231,19 @@ def test_a_candidate_that_loses_only_within_the_timing_noise_is_said_to():
     assert by_name["fp32, k=2"]["chosen"]
     assert by_name["fp32, k=2"]["cost_ci_low"] == pytest.approx(1 / 1.40)
     assert by_name["fp32, k=2"]["cost_ci_high"] == pytest.approx(1 / 1.20)
-    # k=4's cost interval [0.741, 0.870] overlaps k=2's [0.714, 0.833]; k=8's [0.893, 0.952] and the
-    # baseline's [1, 1] do not
-    assert "within the timing noise: 95 % intervals 0.741-0.870 vs 0.714-0.833 overlap" in by_name["fp32, k=4"]["rejected_because"]
+    # k=4's cost interval [0.741, 0.870] holds k=2's point (0.769) and k=2's [0.714, 0.833] holds k=4's
+    # (0.800): a tie, which the tie rule decides (the same peak memory and one change each: by name);
+    # k=8's [0.893, 0.952] and the baseline's [1, 1] do not overlap k=2's
+    assert by_name["fp32, k=4"]["rejected_because"] == (
+        "within the choice's timing noise (eq. 3 costs 0.800 vs 0.769, 95 % intervals 0.741-0.870 vs 0.714-0.833): the "
+        "tie rule (lower peak memory, then fewer changes from the base, then the name) chose fp32, k=2, the same peak "
+        "memory and changes from the base: by name")
     assert "noise" not in by_name["fp32, k=8"]["rejected_because"] and "noise" not in by_name["fp32, k=1"]["rejected_because"]
     assert notes == ["Within the timing noise of the choice (eq. 3 cost intervals overlap): 'fp32, k=4'; a plan made "
-                     "again may choose one of them."]
+                     "again may choose one of them where its timing moves them into or out of the choice's tie.",
+                     "Within each other's timing noise (each point cost inside the other's interval): 'fp32, k=2'; "
+                     "'fp32, k=4'; chosen by the tie rule (lower peak memory, then fewer changes from the base, then "
+                     "the name): 'fp32, k=2'."]
     # a choice whose interval reaches 1x is within the noise of the baseline itself
     rows = [_timed_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _timed_row("fp32, k=2", 2, 1.26, 0.90, 1.57)]
     notes = choose(rows, None, (1.0, 0.0, 0.0))
@@ -500,6 +507,7 @@ def test_the_memory_model_counts_the_recomputed_segments_input_once():
 
 
 def test_split_timing_starts_with_the_group_whose_copies_are_still_built(monkeypatch):
+    from trainopt_core.planner.budget import TimeBudget
     from trainopt_core.planner.search import Search
     from trainopt_core.planner.space import Candidate
 
@@ -512,6 +520,7 @@ def test_split_timing_starts_with_the_group_whose_copies_are_still_built(monkeyp
     search.step_bytes = {baseline: 40, a: 10, b: 10, c: 10, d: 10}
     search.trials = {c: "copy", d: "copy"}  # measured last: the baseline, a and b were released for room
     search.windows_timed = {}
+    search.time_budget = TimeBudget(None)
     search._built = lambda candidate: ("copy", 0.0)
     order = []
 
@@ -604,8 +613,9 @@ def test_candidates_within_the_noise_of_the_best_are_timed_once_more_before_the_
     result = plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
                   windows=3, steps_per_window=1, speed_options=False)
     rows = {row["candidate"]: row for row in result.rows}
-    # the choice and the two closest (k=4, then k=8, whose interval reaches k=2's) timed in two rounds
-    assert [rows[name]["timed_windows"] for name in ("fp32, k=1", "fp32, k=2", "fp32, k=4", "fp32, k=8")] == [6] * 4
+    # the choice and the two closest (k=4, then k=8, whose interval reaches k=2's) timed in two rounds;
+    # before the choice, the choice and k=4, still within its noise, a third (the baseline with them)
+    assert [rows[name]["timed_windows"] for name in ("fp32, k=1", "fp32, k=2", "fp32, k=4", "fp32, k=8")] == [9, 9, 9, 6]
     assert all(row["timed_windows"] == 3 for name, row in rows.items() if name.startswith("bf16"))
     assert result.chosen["candidate"] == "fp32, k=2"
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from trainopt_core import OptimizationConfig, plan, prepare
-from trainopt_core.planner.choice import choose, measured_part
+from trainopt_core.planner.choice import choose, measured_part, within_each_others_noise
 from trainopt_core.planner.result import Plan, against_yours
 
 from plan_fakes import use_fake_windows, without_time_budget
@@ -54,8 +54,11 @@ def test_yours_is_replaced_by_the_best_candidate_whose_interval_lies_wholly_belo
     assert by_name["bf16, k=4, fused optimizer"]["rejected_because"] == (
         "lower point cost than the choice (0.611 vs 0.655) but its interval 0.381-0.981 is not wholly below yours "
         "(0.802-0.946), as the choice's is: within your configuration's timing noise")
-    assert by_name["bf16, k=1"]["rejected_because"] == ("higher eq. 3 cost (0.686 vs 0.655); within the timing noise: "
-                                                        "95 % intervals 0.641-0.733 vs 0.618-0.695 overlap")
+    # bf16, k=1 is within each other's noise with the choice: the tie rule chose (here by changes from yours)
+    assert by_name["bf16, k=1"]["rejected_because"] == (
+        "within the choice's timing noise (eq. 3 costs 0.686 vs 0.655, 95 % intervals 0.641-0.733 vs 0.618-0.695): the "
+        "tie rule (lower peak memory, then fewer changes from the base, then the name) chose bf16, k=4, the same peak "
+        "memory, 0 vs 1 changes from the base")
     assert not any(note.startswith("Kept your configuration") for note in notes)
 
 
@@ -67,7 +70,7 @@ def test_a_higher_cost_shows_higher_in_its_digits_however_close():
     choose(rows, None, (1.0, 0.0, 0.0))
     by_name = {row["candidate"]: row for row in rows}
     assert by_name["bf16, k=1"]["chosen"]
-    assert by_name["bf16, k=1, fused optimizer"]["rejected_because"].startswith("higher eq. 3 cost (0.3151 vs 0.3148);")
+    assert "(eq. 3 costs 0.3151 vs 0.3148, " in by_name["bf16, k=1, fused optimizer"]["rejected_because"]
     assert by_name["bf16, k=4"]["rejected_because"] == "higher eq. 3 cost (0.400 vs 0.315)"
 
 
@@ -105,6 +108,9 @@ def test_every_reason_a_candidate_lost_is_true_of_its_numbers():
             if row.get("yours"):  # replaced only by a candidate wholly below it
                 assert reason.startswith("replaced") and chosen["cost_ci_high"] < row["cost_ci_low"], reason
                 continue
+            if reason.startswith("within the choice's timing noise"):  # a tie, decided by the tie rule
+                assert within_each_others_noise(row, chosen), (row["candidate"], reason)
+                continue
             assert reason.startswith("higher") == (row["cost"] > chosen["cost"]), (row["candidate"], reason)
             assert reason.startswith("lower") == (row["cost"] < chosen["cost"]), (row["candidate"], reason)
 
@@ -116,7 +122,7 @@ def test_the_callers_configuration_is_rejected_as_slower_only_on_its_whole_inter
     assert rows[1]["chosen"]  # kept: the baseline is within its noise
     # and said as such: no memory budget forced it
     assert not any("budget forces" in note for note in notes)
-    assert any(note.startswith("Your configuration runs at 0.80x the fp32 baseline's speed by its point estimate")
+    assert any(note.startswith("The chosen configuration runs at 0.80x the fp32 baseline's speed by its point estimate")
                for note in notes)
     rows = [_row("fp32, k=1", 1, 1.0, 1.0, 1.0), _row("fp32, k=4", 4, 0.80, 0.70, 0.90, yours=True)]
     choose(rows, None, (1.0, 0.0, 0.0))

@@ -56,7 +56,7 @@ def over_run(row: dict, speedup: float | None, base_s: float | None, run_samples
 def measured_part(row: dict) -> dict:
     """A row without what `choose` decides (so a choice can be made again)."""
     out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None, speedup_over_run=None)
-    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality", "failed", "not measured")):
+    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality", "failed", "not measured", "not timed")):
         out["rejected_because"] = None
     return out
 
@@ -95,6 +95,48 @@ def cost_intervals_overlap(row: dict, best: dict) -> bool:
     return row["cost_ci_low"] <= best["cost_ci_high"] and best["cost_ci_low"] <= row["cost_ci_high"]
 
 
+# The one rule that chooses among candidates within each other's timing noise, so that noise does
+# not: the lower peak memory (bit-identical from sitting to sitting), then the fewer changes from
+# the base (yours, else the fp32 baseline), then the name.
+TIE_RULE = "lower peak memory, then fewer changes from the base, then the name"
+
+
+def within_each_others_noise(row: dict, other: dict) -> bool:
+    """Whether each row's eq. 3 point cost lies inside the other's 95 % interval: a tie. (Intervals
+    that merely overlap do not make one: a candidate timed in few windows overlaps everything.)"""
+    def inside(point: float, interval_of: dict) -> bool:
+        low, high = interval_of.get("cost_ci_low"), interval_of.get("cost_ci_high")
+        return low is not None and high is not None and low <= point <= high
+    return inside(row["cost"], other) and inside(other["cost"], row)
+
+
+def tie_broken(lowest: dict, candidates: Sequence[dict], base: dict) -> tuple[dict, list[dict]]:
+    """(the choice, the tie) among `candidates`: the rows within each other's noise with `lowest`
+    (the lowest point cost; itself included), `TIE_RULE` choosing among them."""
+    from .space import candidate_of, changes_between
+
+    tied = [row for row in candidates if row is lowest or within_each_others_noise(row, lowest)]
+    origin = candidate_of(base)
+    chosen = min(tied, key=lambda row: (row["peak_memory_bytes"], len(changes_between(origin, candidate_of(row))),
+                                        row["candidate"]))
+    return chosen, tied
+
+
+def _tie_reason(chosen: dict, other: dict, base: dict) -> str:
+    """What decided the tie rule between `chosen` and `other`, in words."""
+    from .space import candidate_of, changes_between
+
+    if chosen["peak_memory_bytes"] != other["peak_memory_bytes"]:
+        return (f"its peak memory {chosen['peak_memory_bytes'] / 2**20:,.1f} MiB vs {other['peak_memory_bytes'] / 2**20:,.1f} "
+                "MiB" + (" (apart in bytes)" if round(chosen['peak_memory_bytes'] / 2**20, 1)
+                         == round(other['peak_memory_bytes'] / 2**20, 1) else ""))
+    origin = candidate_of(base)
+    mine, theirs = (len(changes_between(origin, candidate_of(row))) for row in (chosen, other))
+    if mine != theirs:
+        return f"the same peak memory, {mine} vs {theirs} changes from the base"
+    return "the same peak memory and changes from the base: by name"
+
+
 def wholly_below(row: dict, other: dict) -> bool:
     """Whether `row`'s eq. 3 cost interval lies wholly below `other`'s (a row timed in one window,
     without an interval, counts as its point)."""
@@ -129,11 +171,15 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     _eq3_costs(feasible, base, weights, speed)
     yours = next((row for row in feasible if row.get("yours")), None)
     if yours is None:
-        best = min(feasible, key=lambda row: row["cost"])
+        best, tied = tie_broken(min(feasible, key=lambda row: row["cost"]), feasible, base)
     else:
-        best = keep_or_replace_yours(feasible, yours, notes)
+        best, tied = keep_or_replace_yours(feasible, yours, notes)
     best["chosen"] = True
-    notes += _why_the_others_lost(feasible, best, yours)
+    notes += _why_the_others_lost(feasible, best, yours, tied, yours or base)
+    if len(tied) > 1:
+        notes.append(f"Within each other's timing noise (each point cost inside the other's interval): "
+                     f"{'; '.join(repr(row['candidate']) for row in sorted(tied, key=lambda row: row['cost']))}; "
+                     f"chosen by the tie rule ({TIE_RULE}): {best['candidate']!r}.")
     if base in feasible and base is not best and cost_intervals_overlap(base, best):
         notes.append(f"The choice's speedup interval ({speedup_interval(best)}) reaches 1x: this timing cannot tell it "
                      "from the fp32 baseline.")
@@ -141,10 +187,10 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
         if not base_fits:
             notes.append(f"The chosen configuration runs at {speed(best):.2f}x the fp32 baseline's speed: "
                          "the budget forces it.")
-        else:  # yours, kept: slower only by its point estimate
-            notes.append(f"Your configuration runs at {speed(best):.2f}x the fp32 baseline's speed by its point "
-                         f"estimate, but its interval ({speedup_interval(best)}) reaches 1x: a configuration of yours is "
-                         "rejected as slower only when its whole interval is.")
+        else:  # slower only by its point estimate: its interval reaches 1x
+            notes.append(f"The chosen configuration runs at {speed(best):.2f}x the fp32 baseline's speed by its point "
+                         f"estimate, but its interval ({speedup_interval(best)}) reaches 1x: a candidate is rejected "
+                         "as slower only when its whole interval is.")
     if best.get("speedup_over_run") is not None:
         notes.append(f"The choice compiles: {best['speedup']:.2f}x the baseline per step, {best['speedup_over_run']:.2f}x "
                      f"over the run's {run_samples:,} samples with compiling's {best['compile_s']:.1f} s "
@@ -153,14 +199,15 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     return notes
 
 
-def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str]) -> dict:
+def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str]) -> tuple[dict, list[dict]]:
     """The rule for the caller's configuration ("yours", `plan(base=...)`): it is replaced whenever
-    a candidate's eq. 3 cost interval lies wholly below its own -- by the lowest-cost of those --
-    and otherwise kept: every candidate not worse than yours is then within its timing noise (a
-    lower point cost inside overlapping intervals is a tie, and a tie keeps yours)."""
+    a candidate's eq. 3 cost interval lies wholly below its own -- by the lowest-cost of those, or,
+    where others of them are within its noise, by `TIE_RULE` among them -- and otherwise kept:
+    every candidate not worse than yours is then within its timing noise (a lower point cost inside
+    overlapping intervals is a tie, and a tie keeps yours). Returns (the choice, its tie)."""
     below = [row for row in feasible if row is not yours and wholly_below(row, yours)]
     if below:
-        return min(below, key=lambda row: row["cost"])
+        return tie_broken(min(below, key=lambda row: row["cost"]), below, yours)
     tied = sorted((row for row in feasible if row is not yours and row["cost"] < yours["cost"]),
                   key=lambda row: row["cost"])
     if tied:
@@ -169,7 +216,7 @@ def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str]) -
                      + "; ".join(f"{row['candidate']} ({_cost_interval(row)})" for row in tied)
                      + f" {'has' if len(tied) == 1 else 'have'} a lower point cost within its timing noise, and a tie "
                        "keeps yours.")
-    return yours
+    return yours, [yours]
 
 
 def deciding_rows(rows: list[dict], most: int = 3) -> list[dict]:
@@ -214,21 +261,24 @@ def _feasible(rows: list[dict], budget: float | None, min_k: int) -> tuple[list[
 
 def _reject_slower(feasible: list[dict], base: dict, base_fits: bool, speed, min_k: int,
                    run_samples) -> tuple[list[str], bool]:
-    """Marks infeasible what runs slower than the fp32 baseline (the caller's configuration only
-    when its whole interval does: under load a point estimate below 1 is often noise). Returns
+    """Marks infeasible what runs slower than the fp32 baseline: its whole speedup interval below 1
+    (under load a point estimate below 1 is often noise; nothing is decided inside it). Returns
     notes, and whether k >= `min_k` forces a slower choice."""
     if not base_fits:
         return ["The budget rules out the fp32 baseline (peak "
                 f"{base['peak_memory_bytes'] / 2**20:.1f} MiB): the plan may be slower than it."], False
-    slower = [row for row in feasible if row is not base and speed(row) < 1.0
-              and not (row.get("yours") and (speed(row, "speedup_ci_high") or 0.0) >= 1.0)]
+    # slower: the whole speedup interval below 1 (a row timed in one window, without one: its point)
+    slower = [row for row in feasible if row is not base
+              and (speed(row, "speedup_ci_high") if row.get("speedup_ci_high") is not None else speed(row)) < 1.0]
     if len(slower) == len(feasible):  # only with adaptive accumulation (the baseline is feasible otherwise)
         fastest = max(feasible, key=speed)
         return [f"Every split with k >= {min_k} runs slower than the fp32 baseline: with adaptive accumulation the "
                 f"plan runs at {speed(fastest):.2f}x its speed at best."], True
     for row in slower:
         row["feasible"] = False
-        row["rejected_because"] = f"slower than the fp32 baseline ({_below_one(row['speedup'])})"
+        row["rejected_because"] = (f"slower than the fp32 baseline ({_below_one(row['speedup'])}, its 95 % interval "
+                                   f"{speedup_interval(row)} below 1x)" if row.get("speedup_ci_high") is not None else
+                                   f"slower than the fp32 baseline ({_below_one(row['speedup'])})")
         if row.get("speedup_over_run") is not None:
             row["rejected_because"] = (f"slower than the fp32 baseline over the run ({_below_one(row['speedup_over_run'])}: "
                                        f"{row['speedup']:.2f}x per step, but compiling took "
@@ -259,10 +309,13 @@ def _eq3_costs(feasible: list[dict], base: dict, weights: tuple, speed) -> None:
             row["cost_ci_low"], row["cost_ci_high"] = sorted(eq3(row, end) for end in ends)
 
 
-def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None) -> list[str]:
-    """Each feasible row but the choice gets the reason it lost, true of its numbers; returns the
-    note naming those within the choice's timing noise."""
+def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None, tied: list[dict],
+                         origin: dict) -> list[str]:
+    """Each feasible row but the choice gets the reason it lost, true of its numbers (`origin`: the
+    base the tie rule counts changes from); returns the note naming those within the choice's
+    timing noise."""
     within_noise = []
+    lowest = min(tied, key=lambda row: row["cost"])
     for row in feasible:
         if row is best:
             continue
@@ -270,6 +323,10 @@ def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None) -
         if row is yours:
             row["rejected_because"] = (f"replaced: {best['candidate']}'s eq. 3 cost interval {_cost_interval(best)} lies "
                                        f"wholly below yours ({_cost_interval(row)})")
+        elif any(row is other for other in tied):
+            row["rejected_because"] = (f"within the choice's timing noise (eq. 3 costs {costs_apart(row['cost'], best['cost'])}, "
+                                       f"95 % intervals {_cost_interval(row)} vs {_cost_interval(best)}): the tie rule "
+                                       f"({TIE_RULE}) chose {best['candidate']}, {_tie_reason(best, row, origin)}")
         elif row["cost"] >= best["cost"]:
             row["rejected_because"] = (f"{'higher' if row['cost'] > best['cost'] else 'the same'} eq. 3 cost "
                                        f"({costs_apart(row['cost'], best['cost'])})")
@@ -280,14 +337,19 @@ def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None) -
             row["rejected_because"] = (f"lower point cost than yours ({costs_apart(row['cost'], best['cost'])}) but "
                                        f"within its timing noise: intervals {_cost_interval(row)} vs {_cost_interval(best)} "
                                        "overlap; a tie keeps yours")
-        else:
+        elif yours is not None and not wholly_below(row, yours):
             row["rejected_because"] = (f"lower point cost than the choice ({costs_apart(row['cost'], best['cost'])}) "
                                        f"but its interval {_cost_interval(row)} is not wholly below yours "
                                        f"({_cost_interval(yours)}), as the choice's is: within your configuration's "
                                        "timing noise")
+        else:  # the tie rule chose among the lowest-cost candidate's tie, which this row is not in
+            row["rejected_because"] = (f"lower point cost than the choice ({costs_apart(row['cost'], best['cost'])}) "
+                                       f"but not within each other's noise with the lowest-cost candidate, "
+                                       f"{lowest['candidate']}, whose tie the rule ({TIE_RULE}) chose from")
         if noisy:
             within_noise.append(row["candidate"])
     if not within_noise:
         return []
     return ["Within the timing noise of the choice (eq. 3 cost intervals overlap): "
-            f"{'; '.join(repr(name) for name in within_noise)}; a plan made again may choose one of them."]
+            f"{'; '.join(repr(name) for name in within_noise)}; a plan made again may choose one of them where its "
+            "timing moves them into or out of the choice's tie."]

@@ -69,6 +69,13 @@ class Plan:
     world_size: int = 1  # processes planned on
     device: str | None = None  # what it was planned on (rechoose() turns expandable segments on as plan() does)
 
+    @property
+    def fell_back(self) -> bool:
+        """Whether the plan could time nothing but the fp32 baseline (the time budget spent, or
+        every other candidate failing), so that it chose the baseline without comparing it."""
+        return all(row["speedup"] is None for row in self.rows if row is not self.baseline
+                   and row["candidate"] != self.baseline["candidate"])
+
     def frame(self):
         import pandas as pd
 
@@ -81,7 +88,7 @@ class Plan:
                 "planning_s": self.planning_s, "compile_s": self.compile_s, "notes": list(self.notes),
                 "energy_source": self.energy_source, "rows": [dict(row) for row in self.rows],
                 "goodput": self.goodput, "run_samples": self.run_samples, "stage_s": dict(self.stage_s),
-                "world_size": self.world_size, "device": self.device}
+                "world_size": self.world_size, "device": self.device, "fell_back": self.fell_back}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Plan":

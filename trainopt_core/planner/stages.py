@@ -110,6 +110,8 @@ def precision_and_split(p: Planning) -> None:
                        f"fit ({', '.join(sorted({f'k={c.k}' for c in p.stage1}))} measured).")
     else:
         p.stage1 = precision_splits(size, device, p.ks, min_k=p.min_k)
+        if p.base is not None:  # what matters most first: the splits of yours, in its precision
+            p.stage1.sort(key=lambda c: c != Candidate() and c.precision != yours.precision)
         p.first += search.measure_memory(p.stage1)
     p.first = list(dict.fromkeys(p.first))
     search.time(p.first)
@@ -189,9 +191,11 @@ def checkpointing(p: Planning) -> None:
 
 
 def speed_options(p: Planning) -> None:
-    """Stage 3 on the best so far: the optimizer's fused kernels, channels-last and, on CUDA,
-    attention kernels; the options that helped, together; then torch.compile on the finalist
-    only (compiling every option and then their combination took 47-72 s of a GPU plan)."""
+    """Stage 3 on the best so far and on the candidates within its timing noise (at most
+    `NEAR_TIES` in all, the best first: the speed options do not build on a point estimate alone):
+    the optimizer's fused kernels, channels-last and, on CUDA, attention kernels; the options that
+    helped each, together; then torch.compile on the finalist only (compiling every option and then
+    their combination took 47-72 s of a GPU plan)."""
     search, best = p.search, p.best
     if not p.speed_options or best is None or p.out_of_time("speed options"):
         return
@@ -212,18 +216,22 @@ def speed_options(p: Planning) -> None:
                                                           uses_sdpa)
                 if bool(option.get("compile")) == compiled]
 
-    options = options_of(best)
-    tried = [best.replace(**option) for option in options]
+    contenders = [best] + [c for c in search.near_ties(weights=p.weights, min_k=p.min_k) if c != best]
+    tried = {c: [c.replace(**option) for option in options_of(c)] for c in contenders}
     unzeroed = best.replace(zero_stage=0)
     if best.zero_stage and _measured_and_fits(p, unzeroed):
         # channels-last and compile do not run under DeepSpeed: tried on the best's DDP twin,
         # which fits too, lest a ZeRO stage chosen inside the noise shut them out
-        tried += [unzeroed.replace(**option) for option in options_of(unzeroed) if option not in options]
-    ran = search.measure_memory(tried)
+        tried[best] += [unzeroed.replace(**option) for option in options_of(unzeroed) if option not in options_of(best)]
+    ran = search.measure_memory(list(dict.fromkeys(c for options in tried.values() for c in options)))
     if ran:
-        search.time([best] + ran)
-        _combine(p, ran)
+        search.time(contenders + ran)
+        for contender, options in tried.items():
+            _combine(p, contender, [c for c in ran if c in options])
         p.choose_again()
+    if len(contenders) > 1:
+        p.notes.append("Speed options tried on the best so far and on the candidates within its timing noise: "
+                       + "; ".join(c.name for c in contenders) + ".")
     if compile_now:
         _compile_finalist(p, options_of)
     p.lap("speed options")
@@ -236,13 +244,14 @@ def _measured_and_fits(p: Planning, c: Candidate) -> bool:
     return bool(row) and row["speedup"] is not None and not p.over_budget(c)
 
 
-def _combine(p: Planning, ran: list[Candidate]) -> None:
-    """The speed options that helped the best, together."""
-    search, best = p.search, p.best
+def _combine(p: Planning, contender: Candidate, ran: list[Candidate]) -> None:
+    """The speed options that helped `contender`, together."""
+    search = p.search
     base_s = search.rows[Candidate()]["seconds_per_sample"]
-    helped = [c for c in ran if helps(search.rows[c], search.rows[best], p.memory_budget_bytes, base_s, p.run_samples)]
+    helped = [c for c in ran if helps(search.rows[c], search.rows[contender], p.memory_budget_bytes, base_s,
+                                      p.run_samples)]
     if len(helped) > 1:
-        together = best.replace(**{key: value for c in helped for key, value in changes_between(best, c).items()})
+        together = contender.replace(**{key: value for c in helped for key, value in changes_between(contender, c).items()})
         # timed with the baseline only: every speedup is paired with the baseline's windows,
         # so it compares with the options' own (re-timing them cost ~6 s of a ResNet plan)
         built = search.measure_memory([together])
@@ -265,18 +274,19 @@ def _compile_finalist(p: Planning, options_of) -> None:
 
 
 def settle(p: Planning) -> None:
-    """Before the choice: where a candidate that decides it (the choice, yours, those that could
-    take its place: `choice.deciding_rows`) was timed in fewer windows than another of them, those
-    with fewer are timed once more together with the choice and yours -- a candidate timed in few
-    windows does not decide on its wide interval, nor lose on it."""
+    """Before the choice: the candidates that decide it (the choice, yours, those that could take
+    its place: `choice.deciding_rows`) are timed once more together where some of them were timed
+    in fewer windows than another (a candidate timed in few windows does not decide on its wide
+    interval, nor lose on it) or where others are within the choice's timing noise (the tie rule,
+    `choice.TIE_RULE`, then chooses on more windows) -- where the budget leaves room for a round."""
     rows = p.search.chosen_rows(p.weights, p.min_k)
     if rows is None:
         return
     deciding = deciding_rows(rows)
     most = max(row["timed_windows"] for row in deciding)
     few = [row for row in deciding if row["timed_windows"] < most]
-    if few and not p.out_of_time("timing again the candidates with fewer windows"):
-        again = [deciding[0]] + [row for row in deciding if row.get("yours")] + few
+    if (few or len(deciding) > 1) and not p.out_of_time("timing again the candidates that decide the choice"):
+        again = [deciding[0]] + [row for row in deciding if row.get("yours")] + (few or deciding[1:])
         p.search.time([candidate_of(row) for row in again])
         p.choose_again()
         p.lap("timed again")
@@ -315,6 +325,9 @@ def finish(p: Planning) -> Plan:
         raise ValueError(f"{error}; not tried (at most {MAX_CHECKPOINTED} checkpointed candidates are measured): "
                          + "; ".join(c.name for c in p.never_tried)) from error
     chosen = next(row for row in rows if row.get("chosen"))
+    if all(row["speedup"] is None for row in rows if row["candidate"] != Candidate().name):
+        p.notes.insert(0, "Fell back to the fp32 baseline: within the planning time budget nothing else could be "
+                          "timed beside it, so nothing was compared (time_budget_s; planned on a busy machine?).")
     budget_note = search.time_budget.note()
     if budget_note:
         noisy = [row["candidate"] for row in rows if "timing noise" in (row["rejected_because"] or "")]

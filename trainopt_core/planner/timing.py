@@ -35,6 +35,7 @@ PROGRESS_EVERY_S = 10.0  # with progress on, a line at least this often while wi
 INTERLEAVED = "interleaved with the baseline's windows"
 BRACKETED = ("timed alone, each window paired with the geometric mean of the baseline's windows timed alone "
              "before and after it")
+NOT_TIMED = "not timed: the planning time budget (time_budget_s) had no room for its first windows"
 
 
 def sized_timing(step_s: float, windows: int | None, steps_per_window: int | None) -> tuple[int, int]:
@@ -137,6 +138,7 @@ class Timing:
                 self.time_budget.allows(self.round_s(names))):
             self.time_budget.cut("not timed again", [c.name for c in names[1:]])
             return
+        names = self._first_windows_that_fit(names)
         alone = [c for c in names if not self.fits_beside_baseline(c)]
         groups = self.timing_groups_of([c for c in names if c not in alone])
         split = len(groups) > 1
@@ -161,6 +163,23 @@ class Timing:
             self._time_in_brackets(alone)
         self.split_rounds += split
 
+    def _first_windows_that_fit(self, names: list[Candidate]) -> list[Candidate]:
+        """`names` (the baseline first) without the candidates never timed whose first windows (two
+        rounds: an interval needs two) do not fit in what is left of the budget beside those before
+        them, in `names`' order -- what matters most first; each left out says so (`NOT_TIMED`).
+        The windows a timing call always takes are then within the budget, even on a busy machine."""
+        if self.time_budget.budget_s is None:
+            return names
+        least, kept = min(2, self.windows or 2), [names[0]]
+        for candidate in names[1:]:
+            if self.windows_timed.get(candidate) or self.ranks.all(
+                    self.time_budget.allows(least * self.round_s(kept + [candidate]))):
+                kept.append(candidate)
+            else:
+                self.rows[candidate]["rejected_because"] = NOT_TIMED
+                self.time_budget.cut("not timed", [candidate.name])
+        return kept
+
     def _timed_within_memory(self, group: list[Candidate]) -> bool:
         """Times the group; False if it ran out of memory (the baseline alone doing so is raised)."""
         try:
@@ -181,7 +200,15 @@ class Timing:
         self._ensure(names)
         self.timing()  # the baseline's copy is built now: it is in every group
         self._say(f"timing {len(names)} candidates in up to {self.windows} interleaved windows")
-        rates = self._rounds(names, self._least(names))
+        least = self._least(names)
+        rates = self._rounds(names, least)
+        # the budget had no room for their second window: no interval, left out
+        short = [c for c in names[1:] if not self.windows_timed.get(c) and len(rates[c.name]) < least]
+        if short:
+            for candidate in short:
+                self.rows[candidate]["rejected_because"] = NOT_TIMED
+            self.time_budget.cut("not timed", [c.name for c in short])
+            names = [c for c in names if c not in short]
         self._energy(names)
         self._record(names, rates, rates[names[0].name], INTERLEAVED)
 
@@ -221,13 +248,21 @@ class Timing:
     def _rounds(self, names: list[Candidate], least: int) -> dict[str, list[float]]:
         """{name: items/s per window}: `least` rounds, then more up to `windows` while the last
         round's seconds fit in the budget (every process agreeing); each window's rate is the
-        slowest process's (a data-parallel step ends with its last process)."""
-        rates, expected, self.windows_done = {c.name: [] for c in names}, self.round_s(names), 0
+        slowest process's (a data-parallel step ends with its last process). Where the machine
+        slowed down since the estimate and a round that an interval needs (`least`) does not fit
+        for all, it runs for those first in `names` that fit (the baseline always); the others end
+        with fewer windows, which `_time_group` leaves out."""
+        rates, self.windows_done = {c.name: [] for c in names}, 0
+        active, expected = list(names), self.round_s(names)
         for index in range(self.windows):
-            if index >= least and not self.ranks.all(self.time_budget.allows(expected)):
-                self.time_budget.cut(f"timed in {index} of {self.windows} windows", [c.name for c in names[1:]])
-                break
-            order = names[index % len(names):] + names[:index % len(names)]  # rotated each round
+            if index >= 1 and not self.ranks.all(self.time_budget.allows(expected)):
+                if index >= least:
+                    self.time_budget.cut(f"timed in {index} of {self.windows} windows", [c.name for c in active[1:]])
+                    break
+                active = self._prefix_that_fits(active)
+                if len(active) == 1:
+                    break
+            order = active[index % len(active):] + active[:index % len(active)]  # rotated each round
             started, error = clock.now(), None
             try:
                 got = interleaved_windows({c.name: self.trials[c].step for c in order}, windows=1,
@@ -239,13 +274,23 @@ class Timing:
                 error = caught
             if not self.ranks.all(error is None):  # on every process, or on none
                 raise error or torch.OutOfMemoryError("out of memory on another process while timing")
-            slowest = self.ranks.min([got[c.name][0] for c in names])
-            for c, rate in zip(names, slowest):
+            slowest = self.ranks.min([got[c.name][0] for c in active])
+            for c, rate in zip(active, slowest):
                 rates[c.name].append(rate)
             expected = clock.now() - started
-            planned = self.round_s(names, paced=False)
+            planned = self.round_s(active, paced=False)
             self.pace = expected / planned if planned > 0 else self.pace
+            expected = self.round_s(active)
         return rates
+
+    def _prefix_that_fits(self, names: list[Candidate]) -> list[Candidate]:
+        """The baseline and the longest run of `names` after it whose round fits in the budget."""
+        kept = [names[0]]
+        for candidate in names[1:]:
+            if not self.ranks.all(self.time_budget.allows(self.round_s(kept + [candidate]))):
+                break
+            kept.append(candidate)
+        return kept
 
     def _record(self, names: list[Candidate], rates: dict[str, list[float]], baseline_rates: list[float],
                 paired: str) -> None:
@@ -254,9 +299,11 @@ class Timing:
         for candidate in names:
             own, paired_baseline = self.windows_timed.setdefault(candidate, ([], []))
             own += rates[candidate.name]
-            paired_baseline += baseline_rates
+            paired_baseline += baseline_rates[:len(rates[candidate.name])]  # the rounds it was timed in
             row = self.rows[candidate]
             row.update(seconds_per_sample=summarize([1.0 / r for r in own])["median"], timed_windows=len(own))
+            if row["rejected_because"] == NOT_TIMED:  # left out before, timed now
+                row["rejected_because"] = None
             if candidate == Candidate():
                 row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0)
                 continue
