@@ -90,9 +90,12 @@ and puts each measured number beside the paper's claim. Beside them runs a third
 **auto**: the paper's own fix for a recipe that is not the fastest everywhere ("adaptive policies
 that disable optimizations when overhead > benefits") made concrete -- `trainopt_core.plan()`
 measures precision, micro-batch split, checkpointing and the optimizer's kernels on one training
-batch *on this machine* and chooses by eq. 3 (time only, no memory budget); `auto` keeps the
-optimized configuration's LR schedule and clipping. The paper claims nothing for it, so it has
-no verdict: it shows what the same components deliver when chosen by measurement.
+batch *on this machine* and chooses by eq. 3 (time only, no memory budget), deciding nothing
+inside the timing noise. `auto` trains the baseline's training -- its LR, schedule, clipping and
+effective batch -- computed the fastest way `plan()` found on this machine (precision, micro-batch
+split, checkpointing, speed options): its quality is the baseline's within the seeds' noise and
+its time to target is its speed. The paper claims nothing for it, so it has no verdict: it shows
+what the components that decide speed deliver when chosen by measurement.
 
 How each quantity is measured ([docs/verdicts.md](../docs/verdicts.md) has the rule): *throughput* counts training items per second of
 training time, from every configuration of Tables I-III timed side by side in one process
@@ -161,7 +164,8 @@ Means ± half their 95 % CI (no interval with one seed, except peak memory, whic
 bit-identical across seeds and reruns; none from fewer than 3 timing windows); times to target as
 geometric means [95 % CI]. The paper's absolute values are
 from its GPUs and full-size models; compare the *changes*. The last two columns are `auto`
-and its change vs the baseline (paired like the optimized one's).
+and its change vs the baseline (paired like the optimized one's): the baseline's training computed
+the fastest way found here, so its quality change should sit within the seeds' noise.
 """),
     code('''for task in tasks:
     table = tables.main_results_table(records, task)
@@ -478,7 +482,14 @@ for task in tasks:
                      "segments": f"⌈√L⌉ = {resolve_segments(L, s)}" if s == "sqrt" else s,
                      "activations kept": f"{100 * expected_saved_fraction(L, s):.1f} %"})
 show_table(pd.DataFrame(rows))''', CHECK),
-    md("## Measured runs of this profile"),
+    md("""
+## Measured runs of this profile
+
+Among them `auto`: the baseline's training -- its LR, schedule, clipping and effective batch --
+computed the fastest way `plan()` found on this machine (precision, micro-batch split,
+checkpointing, speed options): its quality is the baseline's within the seeds' noise and its time
+to target is its speed.
+"""),
     code('''records = reporting.load_records(reports_dir, profile, tasks=tasks)
 # the tables' interleaved timing windows: throughput, time to target and the curves of checkpointed
 # runs come from them, as in Tables I-III

@@ -33,9 +33,11 @@ def test_auto_is_planned_here_and_its_record_carries_the_plan(planned_run):
     assert record["config_name"] == "auto" and record["status"] == "complete"
     assert record["plan"]["chosen"] == stored["plan"]["chosen"] and "Chose" in record["plan"]["explanation"]
     assert record["config"] == stored["config"]
-    # speed and memory from the plan, schedule and clipping from the optimized configuration
-    optimized = OptimizationConfig.optimized()
-    assert record["config"]["clip_norm"] == optimized.clip_norm and record["config"]["schedule"] == "cosine"
+    # the baseline's training (its schedule, clipping, effective batch), computed as the plan chose
+    baseline = OptimizationConfig.baseline()
+    assert record["config"]["clip_norm"] == baseline.clip_norm and record["config"]["schedule"] == baseline.schedule
+    assert stored["plan_rule"] == autoplan.PLAN_RULE and any(row.get("yours") for row in stored["plan"]["rows"])
+    assert next(row for row in stored["plan"]["rows"] if row.get("yours"))["candidate"] == "fp32, k=1"
     chosen = autoplan.plan_of(record).config
     assert (record["config"]["precision"], record["config"]["k"]) == (chosen.precision, chosen.k)
     assert record["config"]["adaptive"] is False
@@ -52,16 +54,24 @@ def test_the_plan_is_reused_under_the_same_conditions_and_the_run_with_it(planne
     assert again["config_hash"] == record["config_hash"] and again["metrics"]["final_quality"] == record["metrics"]["final_quality"]
 
 
-def test_a_plan_made_under_other_conditions_is_measured_again(planned_run, monkeypatch):
+@pytest.mark.parametrize("made", ["on another machine", "by another planning rule"])
+def test_a_plan_made_under_other_conditions_is_measured_again(planned_run, monkeypatch, made):
     root, _ = planned_run
     plan_file = root / "plans" / f"plan__{TASK}.json"
     stored = json.loads(plan_file.read_text())
-    stored["conditions"]["hardware"] = "another machine"
+    if made == "on another machine":
+        stored["conditions"]["hardware"] = "another machine"
+    else:  # the optimized recipe's schedule on the point-best candidate (rule 1)
+        stored["plan_rule"] = autoplan.PLAN_RULE - 1
+    original = plan_file.read_text()
     plan_file.write_text(json.dumps(stored))
     monkeypatch.setattr(autoplan, "plan_task", lambda *a, **k: (_ for _ in ()).throw(Replanned))
-    with pytest.raises(Replanned):
-        autoplan.planned_record(TASK, get_profile(TASK, "smoke"), __import__("torch").device("cpu"),
-                                plans_dir=root / "plans", data_policy="standin")
+    try:
+        with pytest.raises(Replanned):
+            autoplan.planned_record(TASK, get_profile(TASK, "smoke"), __import__("torch").device("cpu"),
+                                    plans_dir=root / "plans", data_policy="standin")
+    finally:  # the module's plan, as the other tests read it
+        plan_file.write_text(original)
 
 
 def test_a_new_plan_replaces_the_auto_runs_and_timing_of_the_old_one(tmp_path, planned_run):

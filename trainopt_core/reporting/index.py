@@ -83,7 +83,7 @@ def footnotes(records: list[dict], *, timing: bool = True, run_notes: bool = Tru
             merged[key] = []
             order.append(key)
         merged[key].append(match["name"])
-    notes = [f"Model: {ctx['model']}.", f"Precision that ran: {ctx['precision']}."]
+    notes = [f"Model: {ctx['model']}.", f"Precision that ran: {ctx['precision']}."] + _auto_notes(records)
     kinds = list(dict.fromkeys(r["timing"].get("machine_kind") for r in records if r.get("timing"))) if timing else []
     if kinds:  # what a timing interval covers (`session_floor`), and how a time's interval is made
         notes.append(session_floor.describe(kinds[0]))
@@ -98,6 +98,21 @@ def footnotes(records: list[dict], *, timing: bool = True, run_notes: bool = Tru
         text = f"{head} {runs} {', '.join(repr(n) for n in names)}: {why}"
         notes.append(text[0].upper() + text[1:] + ("" if text.endswith(".") else "."))
     return notes
+
+
+def _auto_notes(records: list[dict]) -> list[str]:
+    """Where `auto` ran: what it is (`autoplan.AUTO_SENTENCE`), and that it fell back to the
+    baseline where its plan could time nothing else (`Plan.fell_back`)."""
+    from ..reproduction.autoplan import AUTO, AUTO_SENTENCE, baselines_training
+
+    auto = [r for r in records if r.get("config_name") == AUTO]
+    if not auto:
+        return []
+    plans = [r.get("plan") or {} for r in auto]
+    fell_back = any(plan.get("fell_back") for plan in plans)
+    return ([AUTO_SENTENCE] if baselines_training(records) else []) + (["`auto` fell back to the fp32 baseline here: its plan could time nothing else within "
+                               "its planning time budget (its plan's notes say so), so it is the baseline, not a "
+                               "comparison."] if fell_back else [])
 
 
 def _clauses(note: str) -> list[str]:

@@ -241,7 +241,7 @@ def configuration_table(names) -> pd.DataFrame:
     settings as "—", fractions in %; `auto`'s planned settings as "planned" (its plan says what)."""
     rows = []
     for name in names:
-        if name == autoplan.AUTO:  # the optimized schedule and clipping; the rest planned per task and machine
+        if name == autoplan.AUTO:  # the baseline's schedule and clipping; the rest planned per task and machine
             config = autoplan.auto_from_plan(OptimizationConfig())
             rows.append({"configuration": name, **{header: _setting(f, _value(config, f)) if f in autoplan.SCHEDULE_FIELDS
                                                    else "planned" for f, header in CONFIG_HEADERS.items()}})

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..reproduction.autoplan import AUTO_SENTENCE, baselines_training
 from .agreement import agreement_sentence, previous_reference, previous_reference_machine, same_kind_sentence
 from .environment import describe_manifest
 from . import session_floor
@@ -106,7 +107,8 @@ def profile_summary(reports_dir: str | os.PathLike, profile: str, *, tables_dir=
     hardware its runs' records name, and beside the counts what its timing intervals cover and,
     where ``previous_reference.json`` names one, the agreement check against the previous reference
     and those of the reruns on one kind of machine it lists."""
-    described = describe_manifest(load_records(reports_dir, profile))
+    records = load_records(reports_dir, profile)
+    described = describe_manifest(records)
     context = {key: described[key] for key in ("Data", "Hardware") if key in described}
     timings = stored_throughput(profile_dir(reports_dir, profile) / "timing", ("cifar10", "wikitext2"))
     headline = []
@@ -125,11 +127,11 @@ def profile_summary(reports_dir: str | os.PathLike, profile: str, *, tables_dir=
                                            previous.relative_to(Path(reports_dir)).as_posix(),
                                            previous_reference_machine(reports_dir, profile)))
     return summary_markdown(tables_dir or Path(reports_dir) / profile / "tables", profile=profile, context=context,
-                            headline=headline)
+                            headline=headline, auto_sentence=baselines_training(records))
 
 
 def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: dict | None = None,
-                     headline=()) -> str:
+                     headline=(), auto_sentence: bool = False) -> str:
     """The summary as Markdown: a line of counts (followed by the `headline` sentences), the table
     (claims of the smoke profile carry no verdict: it is a plumbing check), and a line on what it
     was measured on (`context`: {"Data": ..., "Hardware": ...})."""
@@ -156,7 +158,7 @@ def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: di
               "seed, so its interval has no width); \"≥\" marks a bound, where one configuration never reached the "
               "target: what its interval guarantees. `auto`: the configuration `plan()` chose on the same machine, "
               "its change from the baseline (one configuration: the same in every Table III row); the paper "
-              "claims nothing for it."]
+              "claims nothing for it." + (" " + AUTO_SENTENCE if auto_sentence else "")]
     for key, value in (context or {}).items():
         lines += ["", f"{key}: {value}."]
     return "\n".join(lines) + "\n"

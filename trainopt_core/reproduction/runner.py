@@ -65,9 +65,10 @@ def resolve_config(config: str | OptimizationConfig, profile: TaskProfile, devic
             raise ValueError("config='auto' needs plans_dir: it is planned on this machine and the plan is kept there")
         cfg, planned = autoplan.auto_config(profile.task, profile, device, plans_dir=plans_dir,
                                             data_policy=data_policy, data_dir=data_dir)
-        notes.append(f"auto: planned on this machine by trainopt_core.plan() ({planned['plan']['chosen']}; "
-                     f"plan record {autoplan.plan_path('plans', profile.task).as_posix()}), with the optimized "
-                     f"configuration's LR schedule and clipping")
+        notes.append(f"auto: planned on this machine by trainopt_core.plan(base=the baseline) "
+                     f"({planned['plan']['chosen']}{'; fell back to the fp32 baseline' if planned['plan'].get('fell_back') else ''}; "
+                     f"plan record {autoplan.plan_path('plans', profile.task).as_posix()}), with the baseline's "
+                     f"LR schedule, clipping and effective batch")
         return cfg, notes
     cfg = OptimizationConfig.preset(config) if isinstance(config, str) else config
     if device.type == "cpu" and cfg.precision == "fp16" and profile.cpu_reduced_precision != "fp16":
