@@ -141,17 +141,19 @@ def datasheet_peak_flops(device_name: str, precision: str | torch.dtype, *,
 
 def matmul_probe_flops(device: torch.device | str, precision: str | torch.dtype, *,
                        max_size: int | None = None, min_time_s: float | None = None) -> tuple[float, str]:
-    """Measured peak matmul FLOP/s: the best of several timed runs of NxN products.
+    """Measured peak matmul FLOP/s of NxN products on this process's threads.
 
     N doubles from 512 until one product takes >= 50 ms (or reaches `max_size`: 2048 on CPU,
-    8192 on GPU); then products run for about `min_time_s` (CPU 1 s, GPU 0.5 s) in 3 timed
-    chunks, and the fastest chunk gives the peak (on a shared machine the others are slowed
-    by other processes).
+    8192 on GPU); then products run for about `min_time_s` (CPU 2.5 s, GPU 0.5 s) in timed
+    chunks. On a GPU the fastest of 3 chunks gives the peak. On a CPU, whose clock and caches
+    settle after a while and whose sittings must agree (the same kind of machine, the same MFU
+    denominator), the products first run warm for `min_time_s` / 3, then the median of 7 chunks
+    gives it: one fast or slow chunk does not move it.
     """
     device = torch.device(device)
     dtype = _PRECISION_DTYPES[precision_name(precision)]
     max_size = max_size or (8192 if device.type == "cuda" else 2048)
-    min_time_s = min_time_s if min_time_s is not None else (0.5 if device.type == "cuda" else 1.0)
+    min_time_s = min_time_s if min_time_s is not None else (0.5 if device.type == "cuda" else 2.5)
     if not (isinstance(max_size, int) and max_size >= 1):
         _fail("max_size", max_size, "an integer >= 1")
     if not (min_time_s > 0 and math.isfinite(min_time_s)):
@@ -175,12 +177,18 @@ def matmul_probe_flops(device: torch.device | str, precision: str | torch.dtype,
         if one_s >= 0.05 or size >= max_size:
             break
         size = min(2 * size, max_size)
-    chunks = 3
+    cpu = device.type == "cpu"
+    chunks = 7 if cpu else 3
     repeats = max(1, int(min_time_s / chunks / max(one_s, 1e-6)))
-    best_s = min(timed(a, b, repeats) for _ in range(chunks))
-    flops_per_s = 2.0 * size**3 * repeats / best_s
-    return flops_per_s, (f"measured: matmul probe {size}x{size} {dtype} on {device} "
-                         f"(best of {chunks} runs of {repeats} products)")
+    if cpu:
+        timed(a, b, max(1, int(min_time_s / 3 / max(one_s, 1e-6))))  # warm: the clock and caches settle
+    times = sorted(timed(a, b, repeats) for _ in range(chunks))
+    chunk_s = times[chunks // 2] if cpu else times[0]
+    flops_per_s = 2.0 * size**3 * repeats / chunk_s
+    threads = f", {torch.get_num_threads()} threads" if cpu else ""
+    which = f"median of {chunks} runs of {repeats} products after a warm-up" if cpu else \
+        f"best of {chunks} runs of {repeats} products"
+    return flops_per_s, f"measured: matmul probe {size}x{size} {dtype} on {device}{threads} ({which})"
 
 
 @contextlib.contextmanager
