@@ -113,10 +113,12 @@ def machine_line() -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                            cwd=ROOT).stdout.strip()
+    import torch
+
     hardware = manifest.get("hardware", {})
     return (f"commit {commit}{' (tracked files changed)' if dirty else ''}; {hardware.get('cpu_model', '?')} "
-            f"({hardware.get('cpu_isa', '?')}, {os.cpu_count()} logical cores); torch {manifest.get('torch_version')}; "
-            f"{time.strftime('%Y-%m-%d %H:%M')}")
+            f"({hardware.get('cpu_family_model', '?')}, {hardware.get('cpu_isa', '?')}, {os.cpu_count()} logical "
+            f"cores); torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M')}")
 
 
 def main(argv=None) -> int:

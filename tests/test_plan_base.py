@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from trainopt_core import OptimizationConfig, plan, prepare
-from trainopt_core.planner.choice import choose, measured_part, within_each_others_noise
+from trainopt_core.planner.choice import choose, measured_part, tied_with
 from trainopt_core.planner.result import Plan, against_yours
 
 from plan_fakes import use_fake_windows, without_time_budget
@@ -56,9 +56,9 @@ def test_yours_is_replaced_by_the_best_candidate_whose_interval_lies_wholly_belo
         "(0.802-0.946), as the choice's is: within your configuration's timing noise")
     # bf16, k=1 is within each other's noise with the choice: the tie rule chose (here by changes from yours)
     assert by_name["bf16, k=1"]["rejected_because"] == (
-        "within the choice's timing noise (eq. 3 costs 0.686 vs 0.655, 95 % intervals 0.641-0.733 vs 0.618-0.695): the "
-        "tie rule (lower peak memory, then fewer changes from the base, then the name) chose bf16, k=4, the same peak "
-        "memory, 0 vs 1 changes from the base")
+        "tied with the choice (eq. 3 costs 0.686 vs 0.655, 95 % intervals 0.641-0.733 vs 0.618-0.695): the tie rule "
+        "(fewer changes from the base, then lower peak memory, then the name) chose bf16, k=4, 0 vs 1 changes from the "
+        "base")
     assert not any(note.startswith("Kept your configuration") for note in notes)
 
 
@@ -91,10 +91,11 @@ def test_a_tie_among_the_candidates_not_worse_than_yours_keeps_yours_and_says_so
     assert kept == ("Kept your configuration (fp32, k=4, eq. 3 cost 0.802-0.946): no candidate's cost interval lies "
                     "wholly below it; bf16, k=4, fused optimizer (0.381-0.981); bf16, k=4 (0.700-0.900) have a lower "
                     "point cost within its timing noise, and a tie keeps yours.")
-    # without the mark, the same numbers choose the point estimate's best, as before
+    # without the mark, the lowest point cost's wide interval (0.381-0.981) ties every candidate whose
+    # point cost lies inside it, and the tie rule chooses among them (these rows differ only by name)
     rows = [measured_part(dict(row, yours=False)) for row in rows]
     choose(rows, None, (1.0, 0.0, 0.0))
-    assert [row["candidate"] for row in rows if row.get("chosen")] == ["bf16, k=4, fused optimizer"]
+    assert [row["candidate"] for row in rows if row.get("chosen")] == ["bf16, k=4"]
 
 
 def test_every_reason_a_candidate_lost_is_true_of_its_numbers():
@@ -108,8 +109,9 @@ def test_every_reason_a_candidate_lost_is_true_of_its_numbers():
             if row.get("yours"):  # replaced only by a candidate wholly below it
                 assert reason.startswith("replaced") and chosen["cost_ci_high"] < row["cost_ci_low"], reason
                 continue
-            if reason.startswith("within the choice's timing noise"):  # a tie, decided by the tie rule
-                assert within_each_others_noise(row, chosen), (row["candidate"], reason)
+            if reason.startswith("tied with the choice"):  # a tie, decided by the tie rule
+                assert tied_with(row, min((r for r in rows if r["feasible"]), key=lambda r: r["cost"])) or \
+                    tied_with(chosen, row), (row["candidate"], reason)
                 continue
             assert reason.startswith("higher") == (row["cost"] > chosen["cost"]), (row["candidate"], reason)
             assert reason.startswith("lower") == (row["cost"] < chosen["cost"]), (row["candidate"], reason)

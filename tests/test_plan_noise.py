@@ -1,6 +1,7 @@
 """plan() decides nothing inside the timing noise: no candidate is rejected as slower on a point
-estimate whose interval reaches 1x; among candidates within each other's noise one documented rule
-chooses (lower peak memory, then fewer changes from the base, then the name); the first windows it
+estimate whose interval reaches 1x; among tied candidates (within the lowest cost's interval, or
+within a margin of it) one documented rule chooses (fewer changes from the base, then lower peak
+memory, then the name); the first windows it
 always takes are within the time budget even when the machine slows down after the candidates were
 measured; and a plan that could time nothing but the baseline says it fell back. Every timing here
 is fake (tests/plan_fakes.py)."""
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from trainopt_core import OptimizationConfig, plan
-from trainopt_core.planner.choice import TIE_RULE, choose
+from trainopt_core.planner.choice import TIE_RULE, choose, tie_margin
 
 from plan_fakes import slow_steps, use_fake_windows
 
@@ -37,22 +38,37 @@ def test_a_point_estimate_below_one_inside_an_interval_reaching_one_is_not_rejec
     assert _chosen(rows) == "fp32, k=1"
 
 
-def test_candidates_within_each_others_noise_are_chosen_by_lower_peak_memory():
+def test_tied_candidates_with_as_many_changes_are_chosen_by_lower_peak_memory():
     # k=2 the fastest by its point estimate, k=4 within its noise and lighter: the rule, not the noise, decides
-    rows = [dict(BASELINE), _row("fp32, k=2", 2, 1.50, 1.40, 1.60, peak=300.0),
-            _row("fp32, k=4", 4, 1.45, 1.36, 1.55, peak=200.0), _row("fp32, k=8", 8, 1.20, 1.15, 1.25, peak=150.0)]
+    rows = [dict(BASELINE), _row("fp32, k=2", 2, 1.50, 1.40, 1.60, peak=300.0 * 2**20),
+            _row("fp32, k=4", 4, 1.45, 1.36, 1.55, peak=200.0 * 2**20),
+            _row("fp32, k=8", 8, 1.20, 1.15, 1.25, peak=150.0 * 2**20)]
     notes = choose(rows, None, (1.0, 0.0, 0.0))
     by_name = {row["candidate"]: row for row in rows}
     assert _chosen(rows) == "fp32, k=4"
-    assert by_name["fp32, k=2"]["rejected_because"].startswith("within the choice's timing noise")
-    assert f"the tie rule ({TIE_RULE}) chose fp32, k=4, its peak memory" in by_name["fp32, k=2"]["rejected_because"]
+    assert by_name["fp32, k=2"]["rejected_because"] == (
+        f"tied with the choice (eq. 3 costs 0.667 vs 0.690, 95 % intervals 0.625-0.714 vs 0.645-0.735): the tie rule "
+        f"({TIE_RULE}) chose fp32, k=4, the same changes from the base, its peak memory 200.0 MiB vs 300.0 MiB")
     assert by_name["fp32, k=8"]["rejected_because"].startswith("higher eq. 3 cost")  # outside the tie: lighter, slower
-    assert ("Within each other's timing noise (each point cost inside the other's interval): 'fp32, k=2'; "
-            "'fp32, k=4'; chosen by the tie rule") in " ".join(notes)
+    assert ("Tied (each within the lowest cost's timing noise): 'fp32, k=2'; 'fp32, k=4'; chosen by the tie rule"
+            in " ".join(notes))
     # the same numbers, whatever order the rows come in
     again = [dict(row, chosen=False, feasible=False, rejected_because=None) for row in reversed(rows)]
     choose(again, None, (1.0, 0.0, 0.0))
     assert _chosen(again) == "fp32, k=4"
+
+
+def test_a_margin_ties_point_costs_that_close_beyond_one_sittings_intervals():
+    # two narrow intervals 3 % apart: apart within this sitting, tied within a 5 % margin
+    rows = [dict(BASELINE), _row("fp32, k=2", 2, 1.50, 1.49, 1.51), _row("fp32, k=2, fused optimizer", 2, 1.545,
+                                                                         1.535, 1.555, optimizer_impl="fused")]
+    choose(rows, None, (1.0, 0.0, 0.0))
+    assert _chosen(rows) == "fp32, k=2, fused optimizer"  # no margin: the lower cost
+    rows = [dict(row, chosen=False, feasible=False, rejected_because=None) for row in rows]
+    notes = choose(rows, None, (1.0, 0.0, 0.0), margin=tie_margin("cpu"))
+    assert _chosen(rows) == "fp32, k=2"  # tied: one change from the baseline, not two
+    assert any(note.startswith("Tied (each within the lowest cost's timing noise, or within 5 % of it)") for note in notes)
+    assert tie_margin("cuda:0") == 0.01 and tie_margin(None) == 0.05
 
 
 def test_at_the_same_peak_the_fewer_changes_from_the_base_win_the_tie():
@@ -67,8 +83,8 @@ def test_the_baseline_as_yours_is_replaced_only_by_what_is_faster_beyond_the_noi
             _row("bf16, k=1", 1, 1.90, 1.80, 2.00, peak=300.0, precision="bf16"),
             _row("bf16, k=2", 2, 1.85, 1.76, 1.95, peak=250.0, precision="bf16")]
     choose(rows, None, (1.0, 0.0, 0.0))
-    assert _chosen(rows) == "bf16, k=2"  # both bf16 wholly below the baseline, tied: the lighter
-    assert rows[0]["rejected_because"].startswith("replaced: bf16, k=2's eq. 3 cost interval")
+    assert _chosen(rows) == "bf16, k=1"  # both bf16 wholly below the baseline, tied: the fewer changes
+    assert rows[0]["rejected_because"].startswith("replaced: bf16, k=1's eq. 3 cost interval")
     rows = [dict(BASELINE, yours=True), _row("fp32, k=2", 2, 1.06, 0.95, 1.18)]
     notes = choose(rows, None, (1.0, 0.0, 0.0))
     assert _chosen(rows) == "fp32, k=1"  # within the noise: a tie keeps yours
@@ -119,3 +135,15 @@ def test_a_plan_that_times_nothing_but_the_baseline_says_it_fell_back(monkeypatc
     assert result.fell_back and result.chosen["candidate"] == "fp32, k=1"
     assert result.notes[0].startswith("Fell back to the fp32 baseline: within the planning time budget nothing else")
     assert result.to_dict()["fell_back"] is True
+
+
+def test_a_plan_whose_measured_candidates_all_lose_their_first_windows_still_chooses_the_baseline(monkeypatch,
+                                                                                                fp32_only):
+    """The baseline measured fast, the next candidate slow (the load rose): its first windows no
+    longer fit, nothing is timed beside the baseline, and the plan chooses it, saying so (a busy
+    sitting once raised 'no candidate fits' here)."""
+    clock = slow_steps(monkeypatch, lambda name: 0.5 if name == "fp32, k=1" else 6.0)
+    use_fake_windows(monkeypatch, {}, clock=clock, step_s=lambda name: 6.0)
+    result = _plan(time_budget_s=30.0)
+    assert result.fell_back and result.chosen["candidate"] == "fp32, k=1"
+    assert any((row["rejected_because"] or "").startswith("not timed") for row in result.rows)

@@ -95,29 +95,46 @@ def cost_intervals_overlap(row: dict, best: dict) -> bool:
     return row["cost_ci_low"] <= best["cost_ci_high"] and best["cost_ci_low"] <= row["cost_ci_high"]
 
 
-# The one rule that chooses among candidates within each other's timing noise, so that noise does
-# not: the lower peak memory (bit-identical from sitting to sitting), then the fewer changes from
-# the base (yours, else the fp32 baseline), then the name.
-TIE_RULE = "lower peak memory, then fewer changes from the base, then the name"
+# The one rule that chooses among tied candidates, so that noise does not: the fewer changes from
+# the base (yours, else the fp32 baseline: the simpler configuration), then the lower peak memory
+# (bit-identical from sitting to sitting), then the name.
+TIE_RULE = "fewer changes from the base, then lower peak memory, then the name"
+# A tie beyond the timing intervals of one sitting: point costs this close to the lowest one are tied
+# too, as the same candidates' ratios move between sittings of one kind of machine by about that much
+# (1.7-6.5 % SD on 2-core CPUs: docs/verdicts.md's floors; GPU windows agree to about 1 %).
+TIE_MARGIN = {"cpu": 0.05, "cuda": 0.01}
+
+
+def tie_margin(device: str | None) -> float:
+    """`TIE_MARGIN` for a device ("cpu", "cuda:0", ...; unknown: the CPU's)."""
+    kind = str(device or "cpu").split(":")[0]
+    return TIE_MARGIN.get(kind, TIE_MARGIN["cpu"])
 
 
 def within_each_others_noise(row: dict, other: dict) -> bool:
-    """Whether each row's eq. 3 point cost lies inside the other's 95 % interval: a tie. (Intervals
-    that merely overlap do not make one: a candidate timed in few windows overlaps everything.)"""
+    """Whether each row's eq. 3 point cost lies inside the other's 95 % interval. (Intervals that
+    merely overlap do not make a tie: a candidate timed in few windows overlaps everything.)"""
     def inside(point: float, interval_of: dict) -> bool:
         low, high = interval_of.get("cost_ci_low"), interval_of.get("cost_ci_high")
         return low is not None and high is not None and low <= point <= high
     return inside(row["cost"], other) and inside(other["cost"], row)
 
 
-def tie_broken(lowest: dict, candidates: Sequence[dict], base: dict) -> tuple[dict, list[dict]]:
-    """(the choice, the tie) among `candidates`: the rows within each other's noise with `lowest`
-    (the lowest point cost; itself included), `TIE_RULE` choosing among them."""
+def tied_with(row: dict, lowest: dict, margin: float = 0.0) -> bool:
+    """Whether `row` ties with `lowest` (the lowest point cost): its point cost inside `lowest`'s
+    95 % interval, or within `margin` (a fraction) of `lowest`'s point cost."""
+    ceiling = max(lowest.get("cost_ci_high") or lowest["cost"], lowest["cost"] * (1.0 + margin))
+    return row is lowest or row["cost"] <= ceiling
+
+
+def tie_broken(lowest: dict, candidates: Sequence[dict], base: dict, margin: float = 0.0) -> tuple[dict, list[dict]]:
+    """(the choice, the tie) among `candidates`: the rows tied with `lowest` (`tied_with`; itself
+    included), `TIE_RULE` choosing among them."""
     from .space import candidate_of, changes_between
 
-    tied = [row for row in candidates if row is lowest or within_each_others_noise(row, lowest)]
+    tied = [row for row in candidates if tied_with(row, lowest, margin)]
     origin = candidate_of(base)
-    chosen = min(tied, key=lambda row: (row["peak_memory_bytes"], len(changes_between(origin, candidate_of(row))),
+    chosen = min(tied, key=lambda row: (len(changes_between(origin, candidate_of(row))), row["peak_memory_bytes"],
                                         row["candidate"]))
     return chosen, tied
 
@@ -126,15 +143,16 @@ def _tie_reason(chosen: dict, other: dict, base: dict) -> str:
     """What decided the tie rule between `chosen` and `other`, in words."""
     from .space import candidate_of, changes_between
 
-    if chosen["peak_memory_bytes"] != other["peak_memory_bytes"]:
-        return (f"its peak memory {chosen['peak_memory_bytes'] / 2**20:,.1f} MiB vs {other['peak_memory_bytes'] / 2**20:,.1f} "
-                "MiB" + (" (apart in bytes)" if round(chosen['peak_memory_bytes'] / 2**20, 1)
-                         == round(other['peak_memory_bytes'] / 2**20, 1) else ""))
     origin = candidate_of(base)
     mine, theirs = (len(changes_between(origin, candidate_of(row))) for row in (chosen, other))
     if mine != theirs:
-        return f"the same peak memory, {mine} vs {theirs} changes from the base"
-    return "the same peak memory and changes from the base: by name"
+        return f"{mine} vs {theirs} changes from the base"
+    if chosen["peak_memory_bytes"] != other["peak_memory_bytes"]:
+        return (f"the same changes from the base, its peak memory {chosen['peak_memory_bytes'] / 2**20:,.1f} MiB vs "
+                f"{other['peak_memory_bytes'] / 2**20:,.1f} MiB"
+                + (" (apart in bytes)" if round(chosen['peak_memory_bytes'] / 2**20, 1)
+                   == round(other['peak_memory_bytes'] / 2**20, 1) else ""))
+    return "the same changes from the base and peak memory: by name"
 
 
 def wholly_below(row: dict, other: dict) -> bool:
@@ -150,7 +168,7 @@ def baseline_row(rows) -> dict:
 
 
 def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 1,
-           run_samples: int | None = None) -> list[str]:
+           run_samples: int | None = None, margin: float = 0.0) -> list[str]:
     """Marks the chosen row (eq. 3 among feasible timed rows with k >= `min_k`) and why each
     other measured row lost; returns notes. ValueError when no measured candidate fits the budget.
     Without a row marked ``yours`` the choice is the lowest eq. 3 cost by point estimate. With one
@@ -171,13 +189,13 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     _eq3_costs(feasible, base, weights, speed)
     yours = next((row for row in feasible if row.get("yours")), None)
     if yours is None:
-        best, tied = tie_broken(min(feasible, key=lambda row: row["cost"]), feasible, base)
+        best, tied = tie_broken(min(feasible, key=lambda row: row["cost"]), feasible, base, margin)
     else:
-        best, tied = keep_or_replace_yours(feasible, yours, notes)
+        best, tied = keep_or_replace_yours(feasible, yours, notes, margin)
     best["chosen"] = True
     notes += _why_the_others_lost(feasible, best, yours, tied, yours or base)
     if len(tied) > 1:
-        notes.append(f"Within each other's timing noise (each point cost inside the other's interval): "
+        notes.append(f"Tied (each within the lowest cost's timing noise{f', or within {100 * margin:g} % of it' if margin else ''}): "
                      f"{'; '.join(repr(row['candidate']) for row in sorted(tied, key=lambda row: row['cost']))}; "
                      f"chosen by the tie rule ({TIE_RULE}): {best['candidate']!r}.")
     if base in feasible and base is not best and cost_intervals_overlap(base, best):
@@ -199,7 +217,8 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     return notes
 
 
-def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str]) -> tuple[dict, list[dict]]:
+def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str],
+                          margin: float = 0.0) -> tuple[dict, list[dict]]:
     """The rule for the caller's configuration ("yours", `plan(base=...)`): it is replaced whenever
     a candidate's eq. 3 cost interval lies wholly below its own -- by the lowest-cost of those, or,
     where others of them are within its noise, by `TIE_RULE` among them -- and otherwise kept:
@@ -207,7 +226,7 @@ def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str]) -
     overlapping intervals is a tie, and a tie keeps yours). Returns (the choice, its tie)."""
     below = [row for row in feasible if row is not yours and wholly_below(row, yours)]
     if below:
-        return tie_broken(min(below, key=lambda row: row["cost"]), below, yours)
+        return tie_broken(min(below, key=lambda row: row["cost"]), below, yours, margin)
     tied = sorted((row for row in feasible if row is not yours and row["cost"] < yours["cost"]),
                   key=lambda row: row["cost"])
     if tied:
@@ -324,7 +343,7 @@ def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None, t
             row["rejected_because"] = (f"replaced: {best['candidate']}'s eq. 3 cost interval {_cost_interval(best)} lies "
                                        f"wholly below yours ({_cost_interval(row)})")
         elif any(row is other for other in tied):
-            row["rejected_because"] = (f"within the choice's timing noise (eq. 3 costs {costs_apart(row['cost'], best['cost'])}, "
+            row["rejected_because"] = (f"tied with the choice (eq. 3 costs {costs_apart(row['cost'], best['cost'])}, "
                                        f"95 % intervals {_cost_interval(row)} vs {_cost_interval(best)}): the tie rule "
                                        f"({TIE_RULE}) chose {best['candidate']}, {_tie_reason(best, row, origin)}")
         elif row["cost"] >= best["cost"]:
@@ -344,7 +363,7 @@ def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None, t
                                        "timing noise")
         else:  # the tie rule chose among the lowest-cost candidate's tie, which this row is not in
             row["rejected_because"] = (f"lower point cost than the choice ({costs_apart(row['cost'], best['cost'])}) "
-                                       f"but not within each other's noise with the lowest-cost candidate, "
+                                       f"but not tied with the lowest-cost candidate, "
                                        f"{lowest['candidate']}, whose tie the rule ({TIE_RULE}) chose from")
         if noisy:
             within_noise.append(row["candidate"])

@@ -11,7 +11,7 @@ import torch
 
 from ..config import OptimizationConfig
 from .adaptive import adaptive_config, explain_goodput, goodput_choice, size_text, smallest_k
-from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval
+from .choice import baseline_row, check_weights, choose, measured_part, pareto_front, speedup_interval, tie_margin
 from .._errors import fail
 from ..measure.stats import product_ratio
 from .space import candidate_of, configured, with_expandable_segments
@@ -131,7 +131,8 @@ class Plan:
             fail("memory_budget_bytes", memory_budget_bytes, "None (no budget) or a number of bytes > 0")
         rows = [measured_part(row) for row in self.rows]
         min_k = smallest_k(bool(self.goodput), self.goodput.get("world_size", 1) if self.goodput else 1)
-        notes = choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=self.run_samples)
+        notes = choose(rows, memory_budget_bytes, weights, min_k=min_k, run_samples=self.run_samples,
+                       margin=tie_margin(self.device))
         if not any(row["checkpointing"] is not None and row["peak_memory_bytes"] is not None for row in rows):
             notes.append("Checkpointing was not measured in the plan this one re-chooses from; plan() again "
                          "with this budget to measure it.")

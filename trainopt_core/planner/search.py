@@ -33,7 +33,7 @@ from ..measure.energy import EnergyMeter
 from ..measure.memory import resident_bytes
 from ..measure.tracker import MemoryTracker, state_bytes
 from . import budget as clock
-from .choice import choose, cost_intervals_overlap, measured_part
+from .choice import choose, cost_intervals_overlap, measured_part, tie_margin
 from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes, partitionable_bytes, predict
 from .ranks import Ranks
 from .space import Candidate, candidate_of
@@ -297,7 +297,8 @@ class Search(Timing):
         """The rows measured so far with eq. 3's choice marked on them (None when nothing fits yet)."""
         rows = [measured_part(row) for row in self.rows.values()]
         try:
-            choose(rows, self.budget, weights, min_k=min_k, run_samples=self.run_samples)
+            choose(rows, self.budget, weights, min_k=min_k, run_samples=self.run_samples,
+                   margin=tie_margin(self.device.type))
         except ValueError:
             return None
         return rows

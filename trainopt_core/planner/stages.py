@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..compose import deepspeed_available
 from ..config import OptimizationConfig
 from .adaptive import adaptive_config, measure_goodput
-from .choice import choose, deciding_rows, helps, pareto_front
+from .choice import choose, deciding_rows, helps, pareto_front, tie_margin
 from .memory_model import predict, zero_saving_bytes
 from .result import Plan
 from .search import Search
@@ -318,7 +318,8 @@ def finish(p: Planning) -> Plan:
         p.notes.append(search.timing_note)
     rows = list(search.rows.values())
     try:
-        p.notes += choose(rows, p.memory_budget_bytes, p.weights, min_k=p.min_k, run_samples=p.run_samples)
+        p.notes += choose(rows, p.memory_budget_bytes, p.weights, min_k=p.min_k, run_samples=p.run_samples,
+                          margin=tie_margin(search.device.type))
     except ValueError as error:
         if not p.never_tried:
             raise

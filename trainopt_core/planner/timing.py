@@ -128,17 +128,17 @@ class Timing:
         windows (`_time_in_brackets`)."""
         baseline = Candidate()
         names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.held_bytes]
+        if all(self.windows_timed.get(c) for c in names) and len(names) > 1 and not self.ranks.all(
+                self.time_budget.allows(self.round_s(names))):
+            self.time_budget.cut("not timed again", [c.name for c in names[1:]])
+            return
+        names = self._first_windows_that_fit(names)
         if names == [baseline]:  # nothing to pair with it: its speedup is 1 by definition, its seconds its step's
             row = self.rows[baseline]
             if row["speedup"] is None:
                 row.update(speedup=1.0, speedup_ci_low=1.0, speedup_ci_high=1.0,
                            seconds_per_sample=self.step_s[baseline] / self.size)
             return
-        if all(self.windows_timed.get(c) for c in names) and not self.ranks.all(
-                self.time_budget.allows(self.round_s(names))):
-            self.time_budget.cut("not timed again", [c.name for c in names[1:]])
-            return
-        names = self._first_windows_that_fit(names)
         alone = [c for c in names if not self.fits_beside_baseline(c)]
         groups = self.timing_groups_of([c for c in names if c not in alone])
         split = len(groups) > 1
