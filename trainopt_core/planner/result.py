@@ -73,8 +73,9 @@ class Plan:
     def fell_back(self) -> bool:
         """Whether the plan could time nothing but the fp32 baseline (the time budget spent, or
         every other candidate failing), so that it chose the baseline without comparing it."""
-        return all(row["speedup"] is None for row in self.rows if row is not self.baseline
-                   and row["candidate"] != self.baseline["candidate"])
+        base = self.baseline.get("candidate")
+        return all(row.get("speedup") is None for row in self.rows
+                   if row is not self.baseline and row.get("candidate") != base)
 
     def frame(self):
         import pandas as pd
