@@ -214,3 +214,14 @@ def test_a_grid_says_its_reused_runs_once_and_why_the_tables_throughput_is_not_a
     assert said.count("  reused 12 finished runs from <reports_dir>/quick/runs (made under the same conditions; "
                       "nothing trained again)\n") == 1, said
     assert said.count(notebook.TIMING_NOTE) == 1 and "151.6 img/s" in said, said
+
+
+def test_a_profile_without_tables_yet_states_no_agreement(tmp_path):
+    """A reproduction that has just begun (its first notebook shows the summary before any table
+    exists) beside a previous reference: the summary says there are no tables yet, and no
+    agreement check is attempted on nothing (it raised IndexError)."""
+    shutil.copytree(REFERENCE / "other_machines" / "amd_epyc_avx2_f25" / "reference_2026-11-27" / "quick" / "tables",
+                    tmp_path / "old" / "quick" / "tables")
+    (tmp_path / "quick" / "runs").mkdir(parents=True)
+    (tmp_path / "previous_reference.json").write_text('{"quick": "old/quick"}')
+    assert profile_summary(tmp_path, "quick").startswith("_Profile `quick` has no tables in this reports folder yet")

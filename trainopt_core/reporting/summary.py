@@ -118,7 +118,9 @@ def profile_summary(reports_dir: str | os.PathLike, profile: str, *, tables_dir=
         if session_floor.one_session_only(kind):
             headline.append("Its throughput and time intervals cover one session only (no between-session spread is "
                             "known for this machine): a rerun may land outside them.")
-    previous = previous_reference(reports_dir, profile) if profile != "smoke" else None
+    tables = Path(tables_dir) if tables_dir else Path(reports_dir) / profile / "tables"
+    # no agreement to state before this profile has tables (a reproduction that has just begun)
+    previous = previous_reference(reports_dir, profile) if profile != "smoke" and any(tables.glob("*.csv")) else None
     if previous is not None:
         # what a rerun on one kind of machine gives first, then the check against the previous
         # reference, which may be another kind (a reader took its "no" for "not reproducible")
