@@ -121,23 +121,24 @@ def test_the_summary_says_beside_its_counts_what_its_intervals_cover_and_how_it_
 
 def test_the_agreement_line_says_it_compares_two_kinds_and_what_reruns_on_one_kind_gave(tmp_path):
     """A reader took "agreement: no" for "not reproducible": the line says the previous reference ran
-    bf16 where this one ran fp32, and the reruns on one kind that previous_reference.json lists are
+    its reduced-precision configurations in another precision than this one, and the reruns on one kind that previous_reference.json lists are
     checked beside it, with their run records' comparison."""
     import json
 
     reports = tmp_path / "reports"
-    previous = REFERENCE / "other_machines" / "amd_epyc_avx512bf16" / "reference_2026-11-23" / "quick"
+    previous = REFERENCE / "other_machines" / "amd_epyc_avx2_f25" / "reference_2026-11-27" / "quick"
     for source, folder in ((REFERENCE / "quick", "quick"), (previous, "old/quick"), (REFERENCE / "quick", "rerun/quick")):
         for part in ("tables", "timing"):
             shutil.copytree(source / part, reports / folder / part)
     (reports / "records.txt").write_text("same    a.json: 9 deterministic fields\n"
                                          "18 of 18 records identical in every deterministic field\n")
-    entry = {"folder": "old/quick", "machine": "a CPU with AVX-512 BF16: another kind of machine",
+    entry = {"folder": "old/quick", "machine": "a CPU with AVX2 only: another kind of machine",
              "same_kind": [{"what": "a second sitting", "folders": ["rerun/quick", "quick"], "records": "records.txt"}]}
     (reports / "previous_reference.json").write_text(json.dumps({"quick": entry}))
     first = profile_summary(reports, "quick").splitlines()[0]
-    assert ("(`old/quick`, a CPU with AVX-512 BF16: another kind of machine; its reduced-precision configurations ran "
-            "bf16 there, fp32 here): **no**") in first
+    # its manifests name its CPU (the "machine" entry is for folders whose manifests do not)
+    assert ("(`old/quick`, CPU AMD EPYC (family 25 model 1 stepping 1, AVX2, 2 logical cores): another kind of machine; "
+            "its reduced-precision configurations ran fp32 there, bf16 here): **no**") in first
     # the reruns on one kind come first, then the check against the previous reference
     same_kind = ("Reruns on one kind of machine agree: a second sitting (`rerun/quick`): **yes**, 0 of the 74 "
                  "verdict cells of Tables I-IV differ and 0 of 56 throughput and time ratios lie outside the "
