@@ -96,6 +96,28 @@ def test_load_records_keeps_only_complete_records(tmp_path):
     assert len(reports.load_records(tmp_path, "smoke")) == 1
 
 
+def test_packed_records_are_read_from_their_archive(tmp_path):
+    """A reproduction in reports/other_machines keeps its records as <profile>/runs.tar.xz: its
+    index and summary read them there (an index written from a packed folder once said "0 complete
+    record(s)", no data, no hardware)."""
+    import tarfile
+
+    runs = tmp_path / "quick" / "runs"
+    runs.mkdir(parents=True)
+    (tmp_path / "quick" / "tables").mkdir()
+    (runs / "a.json").write_text(json.dumps(make_record(profile="quick")))
+    (runs / "b.json").write_text(json.dumps(make_record(task="wikitext2", profile="quick")))
+    with tarfile.open(tmp_path / "quick" / "runs.tar.xz", "w:xz", preset=0) as packed:
+        packed.add(runs, arcname="runs")
+    unpacked = reports.load_records(tmp_path, "quick")
+    for path in runs.iterdir():
+        path.unlink()
+    runs.rmdir()
+    assert reports.load_records(tmp_path, "quick") == unpacked and len(unpacked) == 2
+    assert [r["task"] for r in reports.load_records(tmp_path, "quick", tasks=["wikitext2"])] == ["wikitext2"]
+    assert "2 complete record(s)" in reports.write_reports_index(tmp_path).read_text()
+
+
 # ------------------------------------------------------------------ the claim rule
 @pytest.mark.parametrize("claimed, ci, verdict", [
     (-0.262, (-0.30, -0.14), "held"),                                 # whole CI beyond half the claim

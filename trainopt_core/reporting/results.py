@@ -12,6 +12,8 @@ import math
 import numbers
 import os
 import statistics
+import tarfile
+import tempfile
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -69,7 +71,9 @@ def runs_dir(reports_dir: str | os.PathLike, profile: str) -> Path:
 
 def load_records(reports_dir: str | os.PathLike, profile: str, *, tasks=None) -> list[dict]:
     """Every complete run record of ``reports/<profile>/runs/`` (partial and truncated records
-    and unreadable files are left out), optionally only those of `tasks`."""
+    and unreadable files are left out), optionally only those of `tasks`. A reproduction whose
+    records are packed (``<profile>/runs.tar.xz`` and no ``runs/``, as in reports/other_machines)
+    is read from its archive."""
     from ..reproduction.profiles import PROFILES
 
     if profile not in PROFILES:
@@ -77,8 +81,14 @@ def load_records(reports_dir: str | os.PathLike, profile: str, *, tasks=None) ->
     if not resolve_reports_dir(reports_dir).is_dir():
         _fail("reports_dir", str(reports_dir), "an existing folder (the reports folder ./run_all.sh writes; "
               "a typo gives empty tables)")
+    folder = runs_dir(reports_dir, profile)
+    archive = folder.parent / "runs.tar.xz"
+    if not folder.is_dir() and archive.is_file():
+        with tempfile.TemporaryDirectory() as unpacked, tarfile.open(archive) as packed:
+            packed.extractall(Path(unpacked) / profile, filter="data")
+            return load_records(unpacked, profile, tasks=tasks)
     records = []
-    for path in sorted(runs_dir(reports_dir, profile).glob("*.json")):
+    for path in sorted(folder.glob("*.json")):
         if path.name.endswith(".partial.json"):
             continue
         record = load_record(path)
