@@ -17,7 +17,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import record as record_errors
 
 from ..config import OptimizationConfig
-from .profiles import PROFILES, TASKS, table_configs
+from .profiles import PROFILES, TASKS, get_profile, table_configs
 
 # the largest seed a run takes: 32 bits, as most seeding APIs take (numpy's among them)
 MAX_SEED = 2**32 - 1
@@ -119,6 +119,9 @@ def _list(argv) -> int:
                 OptimizationConfig.preset(config)
             except ValueError as err:
                 parser.error(f"--configs: {err} (or 'auto')")
+    for task in args.tasks:  # on stderr: stdout stays one command per line, for a shell or a scheduler
+        print(f"# {task}, profile {args.profile}: each run trains {get_profile(task, args.profile).run_length()}",
+              file=sys.stderr)
     print("\n".join(grid_commands(args.profile, args.seeds, out=args.out, tasks=args.tasks, configs=args.configs,
                                   data_policy=args.data_policy)))
     return 0

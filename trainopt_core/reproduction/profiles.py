@@ -23,6 +23,15 @@ TASKS = ("cifar10", "wikitext2")
 # profiles leave room for compiling the finalist. Not a TaskProfile field: a plan made under another
 # budget stays reusable, and no run record's conditions change.
 PLAN_TIME_BUDGET_S = {"smoke": 20.0, "quick": 60.0, "gpu": 120.0, "paper": 300.0}
+# The paper's training sets (§IV): CIFAR-10's 50,000 training images; WikiText-2's 2.1 M tokens,
+# in sequences of the paper's length (MODEL_SIZES["paper"]).
+PAPER_TRAIN_IMAGES = 50_000
+PAPER_TRAIN_TOKENS = 2_100_000
+
+
+def epochs_text(epochs: float) -> str:
+    """'1 epoch', '2.5 epochs'."""
+    return f"{epochs:g} epoch{'' if epochs == 1 else 's'}"
 
 
 def table_configs() -> tuple[str, ...]:
@@ -65,6 +74,28 @@ class TaskProfile:
     # In-run checkpoints (reproduction.resume): every this many minutes of a run, so a killed
     # run resumes instead of starting over; None: none (a quick run lasts about a minute).
     checkpoint_every_minutes: float | None = None
+    # With a stand-in, an epoch counts this many samples -- the paper's training set's -- and the
+    # stand-in is cycled to that length, so the run's length, its time to target and plan()'s
+    # compile-repay decision are the paper's workload's whatever the data at hand. None: an epoch
+    # is the data at hand (`train_samples` or the whole split).
+    paper_epoch_samples: int | None = None
+
+    def epoch_samples(self, num_train_samples: int, *, is_standin: bool) -> int:
+        """Samples one epoch of this profile trains on: the paper's training set's where a
+        stand-in replaces it (`paper_epoch_samples`), else the data at hand."""
+        return self.paper_epoch_samples if is_standin and self.paper_epoch_samples else num_train_samples
+
+    def run_length(self) -> str:
+        """The run's length in words: what `list` prints."""
+        unit = "images" if self.task == "cifar10" else f"sequences of {self.seq_len:,} tokens"
+        if self.paper_epoch_samples:
+            return (f"{epochs_text(self.epochs)} x {self.paper_epoch_samples:,} {unit} = "
+                    f"{int(self.epochs * self.paper_epoch_samples):,} {unit} with a stand-in (the paper's "
+                    f"{'CIFAR-10' if self.task == 'cifar10' else 'WikiText-2'} epoch: the stand-in cycled to it); "
+                    f"{epochs_text(self.epochs)} of the real data set where it is in ./data")
+        if self.train_samples:
+            return f"{epochs_text(self.epochs)} x {self.train_samples:,} {unit} = {int(self.epochs * self.train_samples):,} {unit}"
+        return f"{epochs_text(self.epochs)} of the data at hand"
 
     @property
     def plan_time_budget_s(self) -> float:
@@ -84,7 +115,10 @@ class TaskProfile:
         return "img/s" if self.task == "cifar10" else "tok/s"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        settings = dataclasses.asdict(self)
+        if settings["paper_epoch_samples"] is None:  # the profiles whose epoch is the data at hand
+            del settings["paper_epoch_samples"]      # keep the conditions their records were made under
+        return settings
 
 
 # Settings only the interleaved throughput timing reads: a training run or a scaling launch
@@ -104,13 +138,14 @@ _PROFILES = {
         "cifar10", "paper",
         baseline_batch_size=128, train_samples=None, epochs=30, eval_every_samples=50_000,
         eval_samples=10_000, lr=1e-4, target=0.85, throughput_warmup_steps=20, timing_windows_per_seed=4,
-        timing_steps_per_window=10, checkpoint_every_minutes=10.0,
+        timing_steps_per_window=10, checkpoint_every_minutes=10.0, paper_epoch_samples=PAPER_TRAIN_IMAGES,
     ),
     ("wikitext2", "paper"): _task(
         "wikitext2", "paper",
         baseline_batch_size=32, train_samples=None, epochs=20, eval_every_samples=2_000,
         eval_samples=240, lr=1e-4, target=45.0, throughput_warmup_steps=20, timing_windows_per_seed=4,
         timing_steps_per_window=10, checkpoint_every_minutes=10.0,
+        paper_epoch_samples=PAPER_TRAIN_TOKENS // MODEL_SIZES["paper"]["gpt2"]["seq_len"],
     ),
     # The paper's models and batches (§IV) in runs sized for one GPU session: baseline, optimized
     # and `auto` of both tasks -- their runs, interleaved timing, peaks, energy and FLOPs

@@ -35,7 +35,7 @@ from ..config import OptimizationConfig
 from .. import precision as mp
 from ..precision import NonFiniteTrainingError
 from . import autoplan, progress, resume, twins
-from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, get_profile
+from .profiles import TIMING_ONLY_SETTINGS, TaskProfile, epochs_text, get_profile
 from .records import (RECORD_SCHEMA, computation_hash, condition_differences, load_record, quality_hash, record_path,
                       run_conditions, write_record)
 from .tasks import Task, build_task
@@ -165,7 +165,9 @@ def run(
                 write_record(path, record)
             return record
 
-    total_samples = int(prof.epochs * bundle.num_train_samples)
+    total_samples = bundle.run_samples(prof.epochs)
+    if total_samples > prof.epochs * bundle.num_train_samples:
+        notes.append(cycled_note(bundle, prof))
     engine, micro = build_engine(bundle, prof, cfg, device=device, backend=options.backend,
                                  ddp=world_size > 1 and options.backend == "torch")
     model = engine.model  # the DeepSpeed engine's forward must go through its wrapper
@@ -354,6 +356,14 @@ def step_record_fields(engine) -> dict:
     return {field: stats[key] for field, key in _STEP_FIELDS.items()}
 
 
+def cycled_note(bundle, prof) -> str:
+    """What a run whose epoch is the paper's training set says of the stand-in it cycled."""
+    total = bundle.run_samples(prof.epochs)
+    return (f"the paper's run length with a stand-in: {epochs_text(prof.epochs)} x {bundle.epoch_samples:,} samples (the "
+            f"paper's training set) = {total:,} samples, {total / bundle.num_train_samples:.1f} passes over the "
+            f"stand-in's {bundle.num_train_samples:,} distinct samples")
+
+
 def build_engine(bundle: Task, prof: TaskProfile, cfg: OptimizationConfig, *, device, backend: str = "torch",
                  micro: int | None = None, total_samples: int | None = None, ddp: bool = False):
     """The task's model (DDP-wrapped when `ddp`), the paper's AdamW with the profile's LR, betas
@@ -365,7 +375,7 @@ def build_engine(bundle: Task, prof: TaskProfile, cfg: OptimizationConfig, *, de
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=prof.lr, betas=prof.betas, weight_decay=prof.weight_decay)
     micro = micro or micro_batch_size(cfg, prof)
-    total_samples = total_samples or int(prof.epochs * bundle.num_train_samples)
+    total_samples = total_samples or bundle.run_samples(prof.epochs)
     engine = prepare(model, optimizer, cfg, total_samples=total_samples, micro_batch_size=micro, device=device,
                      backend=backend)
     return engine, micro

@@ -35,12 +35,17 @@ class Task:
     model: torch.nn.Module
     model_name: str
     data_source: str
-    num_train_samples: int
+    num_train_samples: int            # distinct training samples at hand
     training_flops_per_item: float
     train_batches: Callable[..., Iterator]
     loss: Callable                    # (model, x, y) -> (mean loss, number of items it averages)
     evaluate: Callable                # (model, engine) -> quality
     flops_workload: str = "matmul"    # "convolution" for the ResNet, "matmul" for GPT-2
+    epoch_samples: int | None = None  # samples an epoch trains on (TaskProfile.epoch_samples); None: num_train_samples
+
+    def run_samples(self, epochs: float) -> int:
+        """Samples a run of `epochs` trains on: the batches cycle through the data at hand."""
+        return int(epochs * (self.epoch_samples or self.num_train_samples))
 
 
 def build_task(profile: TaskProfile, *, data_policy: str, data_dir, device: torch.device, seed: int) -> Task:
@@ -101,6 +106,7 @@ def _cifar10(profile, data_policy, data_dir, device, seed) -> Task:
         loss=loss,
         evaluate=evaluate,
         flops_workload="convolution",
+        epoch_samples=profile.epoch_samples(n_train, is_standin=dataset.is_standin),
     )
 
 
@@ -184,4 +190,5 @@ def _wikitext2(profile, data_policy, data_dir, device, seed) -> Task:
         loss=loss,
         evaluate=evaluate,
         flops_workload="matmul",
+        epoch_samples=profile.epoch_samples(n_train, is_standin=corpus.is_standin),
     )
