@@ -218,7 +218,7 @@ def bench_task(task: str, profile: str, device: torch.device, windows: int, step
     bars = [("auto >= 1.25x baseline", rows["auto"]["speedup"], BARS["auto_speedup"], ">="),
             ("50 % budget: >= 1.0x baseline", half and half["speedup"], BARS["half_budget_speedup"], ">="),
             ("planning time (s) <= 60", plans["auto"].planning_s, BARS["planning_s"], "<=")]
-    if plans["auto"].compile_s:  # compile time is reported apart (issue 13: timing excludes it)
+    if plans["auto"].compile_s:  # compile time is reported apart (its timing excludes it)
         bars.append(("  the same without compiling", plans["auto"].planning_s - plans["auto"].compile_s,
                      BARS["planning_s"], "<="))
     print("  bars:")

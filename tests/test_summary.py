@@ -29,6 +29,24 @@ def test_the_reference_summary_counts_every_judged_claim_of_tables_one_to_four()
     assert sum(counts(summary).values()) == len(summary) == 19
 
 
+def test_the_first_line_says_which_quantities_each_verdict_fell_on():
+    """A reader wanted the answer in words before the table: which claims held, which did not."""
+    import pandas as pd
+
+    from trainopt_core.reporting.summary import by_quantity
+
+    summary = verdict_summary(TABLES)
+    said = by_quantity(summary)
+    for category, quantities in summary.groupby("category")["quantity"]:
+        sentence = next(part for part in said.split(". ") if part.lower().startswith(category))
+        for quantity, n in quantities.value_counts().items():
+            assert f"{quantity} ({n})" in sentence, (category, quantity, said)
+    fake = pd.DataFrame({"quantity": ["throughput", "peak memory", "throughput", "peak memory", "peak memory"],
+                         "category": ["not held", "held", "not held", "held", "inconclusive"]})
+    assert by_quantity(fake) == "Held: peak memory (2). Not held: throughput (2). Inconclusive: peak memory (1)."
+    assert said in profile_summary(ROOT / "reports", "quick").splitlines()[0]
+
+
 @pytest.mark.parametrize("name, numeral, model", [("table1_resnet", "I", "ResNet"), ("table2_gpt2", "II", "GPT-2")])
 def test_each_main_table_row_says_in_the_summary_what_the_table_says(name, numeral, model):
     summary = verdict_summary(TABLES)
@@ -140,7 +158,7 @@ def test_the_agreement_line_says_it_compares_two_kinds_and_what_reruns_on_one_ki
     assert ("(`old/quick`, CPU AMD EPYC (family 25 model 1 stepping 1, AVX2, 2 logical cores): another kind of machine; "
             "its reduced-precision configurations ran fp32 there, bf16 here): **no**") in first
     # the reruns on one kind come first, then the check against the previous reference
-    same_kind = ("Reruns on one kind of machine agree: a second sitting (`rerun/quick`): **yes**, 0 of the 74 "
+    same_kind = ("Reruns on one kind of machine agree: a second sitting (`rerun/quick`): agreement **yes**, 0 of the 74 "
                  "verdict cells of Tables I-IV differ and 0 of 56 throughput and time ratios lie outside the "
                  "other's 95 % interval; 18 of 18 run records equal in every deterministic field "
                  "(`reports/records.txt`).")
@@ -151,7 +169,7 @@ def test_the_agreement_line_says_it_compares_two_kinds_and_what_reruns_on_one_ki
     frame = pd.read_csv(table)
     frame.loc[frame["metric"] == "Final accuracy", "claim_held"] = "held"
     frame.to_csv(table, index=False)
-    assert "Reruns on one kind of machine: a second sitting (`rerun/quick`): **no**, 1 of the 74" in \
+    assert "Reruns on one kind of machine: a second sitting (`rerun/quick`): agreement **no**, 1 of the 74" in \
         profile_summary(reports, "quick").splitlines()[0]
     (reports / "records.txt").write_text("not a comparison\n")
     with pytest.raises(ValueError, match="a comparison written by scripts/rerun_records.py"):

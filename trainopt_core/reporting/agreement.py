@@ -315,7 +315,7 @@ def same_kind_sentence(reports_root: str | Path, profile: str) -> str | None:
         result = compare_reports(root / first, root / second)
         agree &= result["agree"]
         shown = ", ".join(f"`{folder}`" for folder in (first, second) if folder != profile)
-        part = f"{comparison['what']} ({shown}): **{'yes' if result['agree'] else 'no'}**, {_counts(result)}"
+        part = f"{comparison['what']} ({shown}): agreement **{'yes' if result['agree'] else 'no'}**, {_counts(result)}"
         records = comparison.get("records")
         if records:
             identical = _records_identical(root / records)

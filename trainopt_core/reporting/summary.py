@@ -60,7 +60,8 @@ def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
         for _, r in (table if table is not None else pd.DataFrame()).iterrows():
             if r["claim_held"] in _NOT_JUDGED:
                 continue
-            rows.append(dict(table=numeral, claim=f"{model} {r['metric'][0].lower()}{r['metric'][1:]}", paper=_pct(r["paper_relative"]),
+            metric = f"{r['metric'][0].lower()}{r['metric'][1:]}"
+            rows.append(dict(table=numeral, claim=f"{model} {metric}", quantity=metric, paper=_pct(r["paper_relative"]),
                              measured=_change(r, "measured_relative"), verdict=r["claim_held"],
                              auto=_change(r, "measured_auto_relative") if "measured_auto_relative" in r else "—"))
     for name, model in _ABLATION:
@@ -74,7 +75,7 @@ def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
                 if r[f"claim_held_{short}"] in _NOT_JUDGED:
                     continue
                 timed = short == "time"
-                rows.append(dict(table="III", claim=f"{model} {r['config']}: {what}",
+                rows.append(dict(table="III", claim=f"{model} {r['config']}: {what}", quantity=what,
                                  paper=_pct(r[f"paper_{short}_change"]),
                                  measured=_change(r, f"measured_{short}_change", timed), verdict=r[f"claim_held_{short}"],
                                  auto="—" if auto is None else _change(auto, f"measured_{short}_change", timed)))
@@ -87,14 +88,26 @@ def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
             measured = "—" if not math.isfinite(efficiency) else f"{100 * efficiency:.1f}%" + (
                 f" [{100 * low:.1f}, {100 * high:.1f}]" if math.isfinite(low) and math.isfinite(high) else "")
             rows.append(dict(table="IV", claim=f"{model} {r['config']}: scaling efficiency, {int(r['world_size'])} "
-                                                f"processes", paper=f"{100 * as_number(r['paper_efficiency']):.1f}%",
+                                                f"processes", quantity="scaling efficiency", paper=f"{100 * as_number(r['paper_efficiency']):.1f}%",
                              measured=measured, verdict=r["claim_held"], auto="—"))
-    frame = pd.DataFrame(rows, columns=["table", "claim", "paper", "measured", "verdict", "auto"])
+    frame = pd.DataFrame(rows, columns=["table", "claim", "quantity", "paper", "measured", "verdict", "auto"])
     frame["category"] = [verdict_category(v) for v in frame["verdict"]]
     # a claim not measured shows no measurement (Table III's mixed-precision rung that ran fp32 has
     # the change of the rung before it, which says nothing of mixed precision)
     frame.loc[frame["category"] == "not measured", "measured"] = "—"
     return frame
+
+
+def by_quantity(summary: pd.DataFrame) -> str:
+    """Which quantities each verdict fell on, most first: "Held: peak memory (6). Not held: time to
+    target (3), throughput (2). ..." -- the answer in words, before the table."""
+    sentences = []
+    for category in SYMBOLS:
+        quantities = summary.loc[summary["category"] == category, "quantity"].value_counts(sort=False)
+        if len(quantities):
+            ordered = sorted(quantities.items(), key=lambda item: -item[1])  # stable: the tables' order on ties
+            sentences.append(f"{category[0].upper()}{category[1:]}: " + ", ".join(f"{q} ({n})" for q, n in ordered) + ".")
+    return " ".join(sentences)
 
 
 def counts(summary: pd.DataFrame) -> dict[str, int]:
@@ -149,7 +162,7 @@ def summary_markdown(tables_dir: str | os.PathLike, *, profile: str, context: di
                 "steps show that the pipeline runs end to end; they say nothing about the claims.")
     else:
         head = " ".join([f"**Did the paper's claims hold? Profile `{profile}`:** " + " · ".join(
-            f"{n} {SYMBOLS[c]} {c}" for c, n in counts(summary).items() if n) + ".", *headline])
+            f"{n} {SYMBOLS[c]} {c}" for c, n in counts(summary).items() if n) + ".", by_quantity(summary), *headline])
     lines = [head, "", "| Table | Claim | Paper | Measured (95% CI) | Verdict | `auto` (95% CI) |",
              "|---|---|---|---|---|---|"]
     for _, r in summary.iterrows():
