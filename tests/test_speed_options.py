@@ -140,3 +140,32 @@ def test_compile_compiles_the_callers_model_object_in_place():
     model = nn.Linear(4, 4)
     prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), OptimizationConfig(compile=True), micro_batch_size=1)
     assert model._compiled_call_impl is not None  # nn.Module.compile(): the first call compiles
+
+
+def test_compile_scope_blocks_compiles_each_repeated_block_and_leaves_the_glue_eager():
+    """Regional compilation: each transformer Block / Bottleneck compiles (they share one compiled
+    code), the model around them stays eager; the hash of a configuration that does not compile
+    is what it was before the field existed."""
+    from trainopt_core.reproduction.models import gpt2_model
+
+    model = gpt2_model(vocab_size=64, n_layer=2, n_embd=16, n_head=2, n_positions=8)
+    config = OptimizationConfig(compile=True, compile_scope="blocks")
+    prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), config, micro_batch_size=1)
+    blocks = list(model.checkpoint_blocks) if hasattr(model, "checkpoint_blocks") else list(model.transformer.h)
+    assert all(block._compiled_call_impl is not None for block in blocks)
+    assert model._compiled_call_impl is None
+    assert OptimizationConfig().config_hash() == OptimizationConfig(compile_scope="model").config_hash()
+    assert config.config_hash() != OptimizationConfig(compile=True).config_hash()
+
+
+def test_compile_scope_is_refused_where_it_cannot_apply():
+    with pytest.raises(ValueError, match="compile_scope='blocks' is invalid: allowed 'model' while compile is False"):
+        OptimizationConfig(compile_scope="blocks")
+    with pytest.raises(ValueError, match=r"compile_scope='each' is invalid: allowed one of \('model', 'blocks'\)"):
+        OptimizationConfig(compile=True, compile_scope="each")
+    model = nn.Linear(4, 4)  # no known repeated blocks
+    with pytest.raises(ValueError, match="compile_scope='blocks' is invalid: allowed 'model' for Linear, whose "
+                                         "repeated blocks are unknown"):
+        prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                OptimizationConfig(compile=True, compile_scope="blocks"), micro_batch_size=1)
+    assert model._compiled_call_impl is None

@@ -13,7 +13,8 @@ import torch
 from . import precision as mp
 from ._caller import warn_at_caller
 from ._errors import fail
-from .checkpointing import SUPPORTED_MODELS, apply_activation_checkpointing, has_block_sequence, unalias_checkpoint_blocks
+from .checkpointing import (SUPPORTED_MODELS, apply_activation_checkpointing, block_sequence, has_block_sequence,
+                            unalias_checkpoint_blocks)
 from .config import OptimizationConfig, use_expandable_segments
 from .engine import TrainingEngine, model_device
 from .engine_arguments import EngineArguments, is_count
@@ -156,8 +157,18 @@ def _apply_components(model: torch.nn.Module, target: torch.nn.Module, optimizer
     if config.optimizer_impl != "default":
         use_optimizer_impl(optimizer, config.optimizer_impl)
     if config.compile:
-        # in place: the caller's model object runs compiled ("reduce-overhead": in CUDA graphs)
-        target.compile(**({} if config.compile_mode == "default" else {"mode": config.compile_mode}))
+        # in place: the caller's model object runs compiled ("reduce-overhead": in CUDA graphs);
+        # scope "blocks": each repeated block instead, one compiled code for all (regional compilation)
+        options = {} if config.compile_mode == "default" else {"mode": config.compile_mode}
+        if config.compile_scope == "blocks":
+            if not has_block_sequence(target):
+                fail("OptimizationConfig.compile_scope", config.compile_scope,
+                     f"'model' for {type(target).__name__}, whose repeated blocks are unknown (supported: "
+                     f"{'; '.join(SUPPORTED_MODELS)}; or give it checkpoint_blocks, a list of its blocks)")
+            for block in block_sequence(target):
+                block.compile(**options)
+        else:
+            target.compile(**options)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and config.precision != "fp32":
         # eq. 17's halving applies to the gradient all-reduce too: communicate in fp16/bf16
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -29,6 +29,11 @@ MEMORY_FORMATS = ("contiguous", "channels_last")
 # each compiled graph is captured once and replayed, so a launch-bound step stops paying for its
 # kernel launches)
 COMPILE_MODES = ("default", "reduce-overhead")
+# What torch.compile compiles: "model", the whole model as one graph; "blocks", each of the model's
+# repeated blocks (a transformer Block, a ResNet Bottleneck; `checkpointing.block_sequence`) on its
+# own -- PyTorch's regional compilation: the blocks share one compiled code, so compiling costs
+# about one block's, and the glue between them (embedding, head, stem) runs eager
+COMPILE_SCOPES = ("model", "blocks")
 # Which kernel runs torch's scaled_dot_product_attention: "auto" (PyTorch's own choice: flash for
 # fp16/bf16 where it can, else memory-efficient, else math), or one of them forced. Flash and
 # cuDNN attention run fp16/bf16 only; flash, efficient and cudnn need a CUDA GPU.
@@ -41,7 +46,7 @@ GUARD_FIELDS = frozenset({"max_nonfinite_steps"})
 # them at the default hashes as it did before they existed, so its records stay valid.
 LATER_FIELD_DEFAULTS = {"checkpoint_policy": "full", "compile": False, "optimizer_impl": "default",
                         "memory_format": "contiguous", "compile_mode": "default", "tf32": False,
-                        "sdpa_backend": "auto", "expandable_segments": False}
+                        "sdpa_backend": "auto", "expandable_segments": False, "compile_scope": "model"}
 
 
 # k_rule's default before "critical_batch" became it. A configuration that does not adapt k never
@@ -140,6 +145,7 @@ FIELD_RULES = {
     "zero_stage": (_one_of(ZERO_STAGES), f"one of {ZERO_STAGES}"),
     "compile": (_flag, "True or False"),
     "compile_mode": (_one_of(COMPILE_MODES), f"one of {COMPILE_MODES}"),
+    "compile_scope": (_one_of(COMPILE_SCOPES), f"one of {COMPILE_SCOPES}"),
     "optimizer_impl": (_one_of(OPTIMIZER_IMPLS), f"one of {OPTIMIZER_IMPLS}"),
     "memory_format": (_one_of(MEMORY_FORMATS), f"one of {MEMORY_FORMATS}"),
     "tf32": (_flag, "True or False"),
@@ -203,6 +209,7 @@ class OptimizationConfig:
     # foreach or fused kernels, where the optimizer has them) and channels-last weights for CNNs
     compile: bool = False
     compile_mode: str = "default"
+    compile_scope: str = "model"   # COMPILE_SCOPES: the whole model, or each repeated block
     optimizer_impl: str = "default"
     memory_format: str = "contiguous"
     # fp32 matmuls and convolutions on TF32 tensor cores (CUDA GPUs of compute capability >= 8.0):
@@ -246,6 +253,9 @@ class OptimizationConfig:
         if self.compile_mode != "default" and not self.compile:
             _fail("compile_mode", self.compile_mode, "'default' while compile is False (set compile=True to compile "
                   "in another mode)")
+        if self.compile_scope != "model" and not self.compile:
+            _fail("compile_scope", self.compile_scope, "'model' while compile is False (set compile=True to compile "
+                  "each block)")
         if self.sdpa_backend in ("flash", "cudnn") and self.precision == "fp32":
             _fail("sdpa_backend", self.sdpa_backend, "'auto', 'efficient' or 'math' with precision 'fp32' (flash and "
                   "cuDNN attention run fp16/bf16 only)")
