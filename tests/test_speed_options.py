@@ -169,3 +169,25 @@ def test_compile_scope_is_refused_where_it_cannot_apply():
         prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
                 OptimizationConfig(compile=True, compile_scope="blocks"), micro_batch_size=1)
     assert model._compiled_call_impl is None
+
+
+def test_plan_compiles_a_transformers_blocks_and_a_resnet_whole():
+    """One block repeated (GPT-2's) compiles once for all, regionally; blocks of several shapes (a
+    ResNet's stages) compile the whole model (benchmarks/bench_compile_scope.py measured both)."""
+    from trainopt_core.planner.space import Candidate, repeats_one_block, speed_option_changes
+    from trainopt_core.reproduction.models import gpt2_model, resnet_cifar
+
+    gpt2 = gpt2_model(vocab_size=64, n_layer=2, n_embd=16, n_head=2, n_positions=8)
+    resnet = resnet_cifar(num_classes=10, layers=(1, 1, 1, 1), width=4)
+    assert repeats_one_block(gpt2) and not repeats_one_block(resnet) and not repeats_one_block(nn.Linear(2, 2))
+
+    def compile_option(model):
+        options = speed_option_changes(Candidate(), model, lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                                       torch.device("cpu"), try_compile=True)
+        return next(option for option in options if option.get("compile"))
+
+    assert compile_option(gpt2) == {"compile": True, "compile_scope": "blocks"}
+    assert compile_option(resnet) == {"compile": True}
+    assert Candidate(compile=True, compile_scope="blocks").name == "fp32, k=1, compiled (blocks)"
+    assert Candidate(compile=True, compile_scope="blocks", compile_mode="reduce-overhead").name == \
+        "fp32, k=1, compiled (blocks, CUDA graphs)"

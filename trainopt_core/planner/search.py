@@ -117,7 +117,7 @@ class Search(Timing):
                 "candidate": candidate.name, **dataclasses.asdict(candidate), "predicted_memory_bytes": None,
                 "peak_memory_bytes": None, "loss_rel_diff": None, "seconds_per_sample": None, "speedup": None,
                 "speedup_ci_low": None, "speedup_ci_high": None, "timed_windows": 0, "energy_j_per_sample": None,
-                "compile_s": None, "speedup_over_run": None, "feasible": False, "cost": None, "cost_ci_low": None,
+                "compile_s": None, "run_compile_s": None, "speedup_over_run": None, "feasible": False, "cost": None, "cost_ci_low": None,
                 "cost_ci_high": None, "rejected_because": None, "paired_with": None}
             if self.calibration is not None:
                 row["predicted_memory_bytes"] = predicted = predict(self.calibration, candidate, self.size,
@@ -226,7 +226,18 @@ class Search(Timing):
                 trial = tracker = None
                 release(self.device)
                 return None
+            row["run_compile_s"] = self._compiled_again_s(trial)
         return trial, tracker, others_bytes, (sum(inputs_bytes) / len(inputs_bytes) if inputs_bytes else None)
+
+    def _compiled_again_s(self, trial: Trial) -> float:
+        """The compiling step once more after dynamo has forgotten its code (`torch._dynamo.reset()`):
+        what a run of this configuration pays when it compiles from the compile caches this plan
+        filled (inductor's and AOTAutograd's, on disk: a run on this machine after the plan), the
+        slowest process's. With those caches off it compiles from scratch, and says so by its seconds."""
+        torch._dynamo.reset()
+        started = clock.now()
+        trial.step()
+        return self.ranks.max([clock.now() - started])[0]
 
     def measure_estimate_s(self, candidate: Candidate) -> float:
         """The seconds the time budget expects building and measuring `candidate` to take (the

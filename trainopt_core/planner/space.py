@@ -48,6 +48,7 @@ class Candidate:
     compile_mode: str = "default"  # "reduce-overhead": compiled into CUDA graphs
     tf32: bool = False  # fp32 matmuls and convolutions on TF32 tensor cores
     sdpa_backend: str = "auto"  # the kernel of torch's scaled_dot_product_attention
+    compile_scope: str = "model"  # "blocks": each repeated block compiled on its own (regional)
 
     @property
     def name(self) -> str:
@@ -62,7 +63,9 @@ class Candidate:
         if self.sdpa_backend != "auto":
             parts.append(f"{self.sdpa_backend} attention")
         if self.compile:
-            parts.append("compiled" + (" (CUDA graphs)" if self.compile_mode == "reduce-overhead" else ""))
+            how = [what for what, on in (("blocks", self.compile_scope == "blocks"),
+                                         ("CUDA graphs", self.compile_mode == "reduce-overhead")) if on]
+            parts.append("compiled" + (f" ({', '.join(how)})" if how else ""))
         if self.zero_stage:
             parts.append(f"ZeRO-{self.zero_stage}")
         return ", ".join(parts)
@@ -161,11 +164,29 @@ def speed_option_changes(best: Candidate, model: torch.nn.Module, optimizer_fact
         # copies of one model in one process share dynamo's cache, and on an H200 (torch 2.11)
         # either ran the other's code -- the CUDA-graphs copy at 1.00x [0.92, 1.08] eager fp16 in
         # a plan with a default-mode copy, 2x timed apart.
-        options.append({"compile": True, "compile_mode": "reduce-overhead"} if device.type == "cuda"
-                       else {"compile": True})
+        option = {"compile": True, "compile_mode": "reduce-overhead"} if device.type == "cuda" else {"compile": True}
+        if repeats_one_block(model):
+            # one block repeated (a transformer's): compiled once for all, about half the whole
+            # model's compiling at the same step (benchmarks/bench_compile_scope.py). Blocks of
+            # several shapes (a ResNet's stages) compile the whole: each shape would compile apart,
+            # and the blocks' seams cost the ResNet's step 0.58x against 1.44x compiled whole.
+            option["compile_scope"] = "blocks"
+        options.append(option)
     if uses_sdpa and best.sdpa_backend == "auto":
         options += [{"sdpa_backend": kernel} for kernel in attention_kernels(best, device)]
     return options
+
+
+def repeats_one_block(model: torch.nn.Module) -> bool:
+    """Whether the model's repeated blocks (`checkpointing.block_sequence`) are one block repeated:
+    the same class with parameters of the same names and shapes, so one compiled code serves them all."""
+    from ..checkpointing import block_sequence, has_block_sequence
+
+    if not has_block_sequence(model):
+        return False
+    blocks = block_sequence(model)
+    signatures = {(type(block), tuple((name, tuple(p.shape)) for name, p in block.named_parameters())) for block in blocks}
+    return len(blocks) > 1 and len(signatures) == 1
 
 
 def attention_kernels(best: Candidate, device: torch.device) -> tuple[str, ...]:
@@ -217,7 +238,7 @@ def base_candidate(base: OptimizationConfig, batch_size: int, num_blocks: int, w
                      checkpoint_policy=base.checkpoint_policy if segments else "full",
                      optimizer_impl=base.optimizer_impl, memory_format=base.memory_format, compile=base.compile,
                      zero_stage=base.zero_stage if world_size > 1 else 0, compile_mode=base.compile_mode, tf32=base.tf32,
-                     sdpa_backend=base.sdpa_backend)
+                     sdpa_backend=base.sdpa_backend, compile_scope=base.compile_scope)
 
 
 def configured(candidate: Candidate, base: OptimizationConfig | None, world_size: int = 1) -> OptimizationConfig:

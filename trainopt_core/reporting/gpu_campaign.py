@@ -27,12 +27,15 @@ INDEX_BLOCK = ("<!-- gpu-campaigns:start -->\n", "<!-- gpu-campaigns:end -->")
 # ----------------------------------------------------------------------------- plan() at the paper's sizes
 def compile_break_even(row: dict, chosen: dict) -> float | None:
     """The run length (samples) from which a compiled candidate's faster steps repay its compiling,
-    against an uncompiled choice: compile seconds / seconds saved per sample. None where that does
-    not apply (not compiled, the choice compiled, or the compiled steps not faster)."""
-    if not row.get("compile_s") or chosen.get("compile_s") or not chosen.get("seconds_per_sample"):
+    against an uncompiled choice: the compiling the run pays (`choice.run_compile_s`: from the
+    plan's compile cache where timed, else the plan's own) / seconds saved per sample. None where
+    that does not apply (not compiled, the choice compiled, or the compiled steps not faster)."""
+    from ..planner.choice import run_compile_s
+
+    if not run_compile_s(row) or chosen.get("compile_s") or not chosen.get("seconds_per_sample"):
         return None
     saved = chosen["seconds_per_sample"] - row["seconds_per_sample"]
-    return row["compile_s"] / saved if saved > 0 else None
+    return run_compile_s(row) / saved if saved > 0 else None
 
 
 def plan_candidates(plan: dict, flops_per_item: float, items_per_sample: float, peak_of) -> list[dict]:

@@ -48,7 +48,9 @@ def format_plan_table(plan: Plan) -> pd.DataFrame:
             "Candidate": row["candidate"] + (" ← chosen" if row.get("chosen") else ""),
             "vs fp32 baseline (95% interval)": "not timed" if speedup is None else f"{speedup:.2f}×{interval}" + (
                 "" if row.get("speedup_over_run") is None else
-                f"; {row['speedup_over_run']:.2f}× over the run (compiling {row['compile_s']:.1f} s)"),
+                f"; {row['speedup_over_run']:.2f}× over the run (compiling {row['compile_s']:.1f} s" + (
+                    "" if row.get("run_compile_s") is None else f"; the run's, from the plan's cache, "
+                                                                f"{row['run_compile_s']:.1f} s") + ")"),
             "Peak memory": mib(row.get("peak_memory_bytes")),
             "Predicted (eqs. 8/19)": mib(row.get("predicted_memory_bytes")),
             "Energy per sample": "—" if row.get("energy_j_per_sample") is None else f"{row['energy_j_per_sample']:.3g} J",
