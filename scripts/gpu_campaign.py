@@ -201,7 +201,7 @@ def run_task(task: str, profile: str, work: Path, device: torch.device) -> dict:
         entry = dict(
             config=_config_name(cfg), precision=cfg.precision, tf32=cfg.tf32,
             throughput=summary["mean"], throughput_ci=[summary["ci_low"], summary["ci_high"]],
-            throughput_windows=summary["n"], unit=prof.item_unit,
+            throughput_windows=summary["n"], window_rates=list(timed["items_per_s"]), unit=prof.item_unit,
             speedup=None if ratio is None else ratio["mean"],
             speedup_ci=None if ratio is None else [ratio["ci_low"], ratio["ci_high"]],
             mfu=mfu, peak_flops_per_s=peak, peak_flops_source=source,
@@ -251,7 +251,9 @@ def plan_at_paper_size(task: str, profile: str, work: Path, device: torch.device
     candidates = plan_candidates(result.to_dict(), bundle.training_flops_per_item, items_per_sample, peak_of)
     return dict(profile=profile, planning_s=result.planning_s, stage_s=result.stage_s, compile_s=result.compile_s,
                 choice=chosen["candidate"], speedup=chosen["speedup"],
-                speedup_ci=[chosen["speedup_ci_low"], chosen["speedup_ci_high"]], candidates=candidates,
+                speedup_ci=[chosen["speedup_ci_low"], chosen["speedup_ci_high"]],
+                speedup_over_run=chosen.get("speedup_over_run"), run_compile_s=chosen.get("run_compile_s"),
+                candidates=candidates,
                 notes=result.notes, run_samples=result.run_samples)
 
 
@@ -361,6 +363,7 @@ def compare_loops(profile: str, device: torch.device, windows: int, steps: int) 
         summary = measure.summarize(values)
         ratio = None if name == "hand loop" else measure.paired_ratio(values, hand_rates)
         result["loops"][name] = dict(throughput=summary["mean"], throughput_ci=[summary["ci_low"], summary["ci_high"]],
+                                     window_rates=list(values),
                                      vs_hand=None if ratio is None else ratio["mean"],
                                      vs_hand_ci=None if ratio is None else [ratio["ci_low"], ratio["ci_high"]])
     for name, key in (("accelerate", "accelerate"), ("fabric", "fabric"), ("hand loop + skip check", "skip_check")):
@@ -435,7 +438,7 @@ def compare_with_reference(profile: str, work: Path, device: torch.device, windo
     for name, values in rates.items():
         summary = measure.summarize(values)
         rows[name] = dict(throughput=summary["mean"], throughput_ci=[summary["ci_low"], summary["ci_high"]],
-                          config=configs[name], peak_bytes=peaks[name])
+                          window_rates=list(values), config=configs[name], peak_bytes=peaks[name])
     for mine, theirs in pairs:
         ratio = measure.paired_ratio(rates[mine], rates[theirs])
         ratios[f"{mine} / {theirs}"] = dict(mean=ratio["mean"], ci=[ratio["ci_low"], ratio["ci_high"]])
@@ -531,6 +534,8 @@ def rerender(folder: Path) -> None:
 
             entry["candidates"] = plan_candidates(plan, _flops_per_item(task, entry["profile"]),
                                                   float(prof.seq_len - 1) if task == "wikitext2" else 1.0, peak_of)
+            chosen = next(row for row in plan["rows"] if row["candidate"] == plan["chosen"])
+            entry.update(speedup_over_run=chosen.get("speedup_over_run"), run_compile_s=chosen.get("run_compile_s"))
     summary["goals"] = goals(summary)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     (folder / "summary.md").write_text(summary_markdown(summary))

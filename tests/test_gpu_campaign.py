@@ -84,6 +84,19 @@ def test_a_cpu_rehearsal_runs_every_stage_leaves_its_files_and_resumes(campaign,
     assert set(reference["rows"]) == {"reference bf16 eager", "task bf16 eager", "task auto"}  # no compiling on a CPU
     assert all(row["throughput"] > 0 for row in reference["rows"].values())
     assert set(reference["ratios"]) == {"task bf16 eager / reference bf16 eager", "task auto / reference bf16 eager"}
+    # every ratio the summary states recomputes from the per-window rates it stores
+    from trainopt_core import measure
+
+    for pair, ratio in reference["ratios"].items():
+        mine, theirs = pair.split(" / ")
+        again = measure.paired_ratio(reference["rows"][mine]["window_rates"], reference["rows"][theirs]["window_rates"])
+        assert again["mean"] == pytest.approx(ratio["mean"]) and [again["ci_low"], again["ci_high"]] == ratio["ci"]
+    again = measure.paired_ratio(loops["trainopt engine"]["window_rates"], loops["hand loop"]["window_rates"])
+    assert again["mean"] == pytest.approx(loops["trainopt engine"]["vs_hand"])
+    for name, entry in configs.items():
+        if name != "baseline":
+            again = measure.paired_ratio(entry["window_rates"], configs["baseline"]["window_rates"])
+            assert again["mean"] == pytest.approx(entry["speedup"])
     goals = {g["goal"]: g for g in summary["goals"]}
     assert "GPT-2 task >= 0.9x the minimal plain-PyTorch GPT-2 (benchmarks/gpt2_reference.py), bf16 eager" in goals
     assert "trainopt engine >= 0.99x the hand-written loop" in goals
@@ -105,6 +118,8 @@ def test_compiling_repays_from_compile_seconds_over_the_seconds_saved_per_sample
     assert campaign.compile_break_even(chosen, chosen) is None  # not compiled
     assert campaign.compile_break_even({**compiled, "seconds_per_sample": 0.007}, chosen) is None  # never repays
     assert campaign.compile_break_even(compiled, {**chosen, "compile_s": 5.0}) is None  # the choice compiles too
+    # what the run pays, compiling again from the plan's cache, where the plan timed it
+    assert campaign.compile_break_even({**compiled, "run_compile_s": 3.7}, chosen) == pytest.approx(3.7 / 0.0037)
 
 
 def _plan(*rows):
