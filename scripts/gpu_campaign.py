@@ -215,9 +215,12 @@ def run_task(task: str, profile: str, work: Path, device: torch.device) -> dict:
         )
         if name == "auto":
             planned = record["plan"]
+            chosen = next((row for row in planned["rows"] if row["candidate"] == planned["chosen"]), {})
             entry.update(planning_s=planned["planning_s"], planning_stage_s=planned.get("stage_s"),
                          compile_s=planned.get("compile_s"), plan_choice=planned["chosen"],
-                         plan_notes=planned.get("notes"))
+                         plan_notes=planned.get("notes"), plan_run_samples=planned.get("run_samples"),
+                         plan_speedup=chosen.get("speedup"), plan_speedup_over_run=chosen.get("speedup_over_run"),
+                         run_compile_s=chosen.get("run_compile_s"))
         entries[name] = entry
     return {"profile": profile, "configs": entries, "recompute_overhead": overhead,
             "machine_probes": {k: v["summary"]["mean"] for k, v in timing["machine_probes"].items()}}

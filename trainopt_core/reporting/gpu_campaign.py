@@ -93,11 +93,17 @@ def goals(summary: dict) -> list[dict]:
     rows = []
     gpt2 = summary["tasks"].get("wikitext2", {}).get("configs", {}).get("auto")
     if gpt2:  # the mean rate's MFU with the mean's interval
-        low, high = (gpt2["mfu"] * c / gpt2["throughput"] if c else None for c in gpt2["throughput_ci"])
+        mfu, (low, high) = gpt2["mfu"], (gpt2["mfu"] * c / gpt2["throughput"] if c else None for c in gpt2["throughput_ci"])
+        said = f"{100 * mfu:.1f} % [{100 * low:.1f}, {100 * high:.1f}]"
+        over_run, per_step = gpt2.get("plan_speedup_over_run"), gpt2.get("plan_speedup")
+        if over_run and per_step:  # a compiled choice: its compiling, spread over the run it was planned for
+            scale = over_run / per_step
+            mfu, low, high = mfu * scale, low * scale, high * scale
+            said = (f"{100 * mfu:.1f} % [{100 * low:.1f}, {100 * high:.1f}] over the run of "
+                    f"{gpt2['plan_run_samples']:,} samples with its compiling ({said} per step)")
         for key, label in (("gpt2_auto_mfu", "GPT-2 auto MFU >= 30 %"),
                            ("gpt2_auto_mfu_stretch", "GPT-2 auto MFU >= 40 % (stretch)")):
-            rows.append(dict(goal=label, measured=f"{100 * gpt2['mfu']:.1f} % [{100 * low:.1f}, {100 * high:.1f}]",
-                             verdict=_verdict(low, high, GOALS[key])))
+            rows.append(dict(goal=label, measured=said, verdict=_verdict(low, high, GOALS[key])))
     rows += _reference_goals(summary.get("reference"))
     resnet = summary["tasks"].get("cifar10", {}).get("configs", {}).get("auto")
     if resnet:

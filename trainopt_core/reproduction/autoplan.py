@@ -82,7 +82,8 @@ def plan_task(bundle, prof: TaskProfile, device: torch.device, *, progress: bool
     def loss(model, x, y=None):
         return bundle.loss(model, x, y)
 
-    plan_options.setdefault("run_samples", bundle.run_samples(prof.epochs))  # as runner.run trains
+    # as runner.run trains, or the run the profile plans for (the gpu profile: the paper's)
+    plan_options.setdefault("run_samples", prof.plan_run_samples or bundle.run_samples(prof.epochs))
     plan_options.setdefault("time_budget_s", prof.plan_time_budget_s)
     plan_options.setdefault("base", OptimizationConfig.baseline())
     return plan(copy.deepcopy(bundle.model).to(device), optimizer, batch, loss, loss_takes_model=True,

@@ -27,6 +27,11 @@ PLAN_TIME_BUDGET_S = {"smoke": 20.0, "quick": 60.0, "gpu": 120.0, "paper": 300.0
 # in sequences of the paper's length (MODEL_SIZES["paper"]).
 PAPER_TRAIN_IMAGES = 50_000
 PAPER_TRAIN_TOKENS = 2_100_000
+PAPER_EPOCHS = {"cifar10": 30, "wikitext2": 20}  # §IV
+PAPER_EPOCH_SAMPLES = {"cifar10": PAPER_TRAIN_IMAGES,
+                       "wikitext2": PAPER_TRAIN_TOKENS // MODEL_SIZES["paper"]["gpt2"]["seq_len"]}
+# the paper's run, in samples: what a plan at the paper's sizes is told, whatever its own run's length
+PAPER_RUN_SAMPLES = {task: PAPER_EPOCHS[task] * PAPER_EPOCH_SAMPLES[task] for task in PAPER_EPOCHS}
 
 
 def epochs_text(epochs: float) -> str:
@@ -79,6 +84,10 @@ class TaskProfile:
     # compile-repay decision are the paper's workload's whatever the data at hand. None: an epoch
     # is the data at hand (`train_samples` or the whole split).
     paper_epoch_samples: int | None = None
+    # plan() is told a run of this many samples instead of this profile's own (None: its own): the
+    # gpu profile's short runs at the paper's sizes are planned for the paper's run, so whether
+    # compiling repays is decided as it is for the paper's workload
+    plan_run_samples: int | None = None
 
     def epoch_samples(self, num_train_samples: int, *, is_standin: bool) -> int:
         """Samples one epoch of this profile trains on: the paper's training set's where a
@@ -116,8 +125,9 @@ class TaskProfile:
 
     def to_dict(self) -> dict:
         settings = dataclasses.asdict(self)
-        if settings["paper_epoch_samples"] is None:  # the profiles whose epoch is the data at hand
-            del settings["paper_epoch_samples"]      # keep the conditions their records were made under
+        for later in ("paper_epoch_samples", "plan_run_samples"):  # at None, the profiles that do not
+            if settings[later] is None:                             # set them keep the conditions their
+                del settings[later]                                 # records were made under
         return settings
 
 
@@ -136,16 +146,16 @@ def _task(task: str, profile: str, **settings) -> TaskProfile:
 _PROFILES = {
     ("cifar10", "paper"): _task(
         "cifar10", "paper",
-        baseline_batch_size=128, train_samples=None, epochs=30, eval_every_samples=50_000,
+        baseline_batch_size=128, train_samples=None, epochs=PAPER_EPOCHS["cifar10"], eval_every_samples=50_000,
         eval_samples=10_000, lr=1e-4, target=0.85, throughput_warmup_steps=20, timing_windows_per_seed=4,
-        timing_steps_per_window=10, checkpoint_every_minutes=10.0, paper_epoch_samples=PAPER_TRAIN_IMAGES,
+        timing_steps_per_window=10, checkpoint_every_minutes=10.0, paper_epoch_samples=PAPER_EPOCH_SAMPLES["cifar10"],
     ),
     ("wikitext2", "paper"): _task(
         "wikitext2", "paper",
-        baseline_batch_size=32, train_samples=None, epochs=20, eval_every_samples=2_000,
+        baseline_batch_size=32, train_samples=None, epochs=PAPER_EPOCHS["wikitext2"], eval_every_samples=2_000,
         eval_samples=240, lr=1e-4, target=45.0, throughput_warmup_steps=20, timing_windows_per_seed=4,
         timing_steps_per_window=10, checkpoint_every_minutes=10.0,
-        paper_epoch_samples=PAPER_TRAIN_TOKENS // MODEL_SIZES["paper"]["gpt2"]["seq_len"],
+        paper_epoch_samples=PAPER_EPOCH_SAMPLES["wikitext2"],
     ),
     # The paper's models and batches (§IV) in runs sized for one GPU session: baseline, optimized
     # and `auto` of both tasks -- their runs, interleaved timing, peaks, energy and FLOPs
@@ -156,12 +166,13 @@ _PROFILES = {
         baseline_batch_size=128, train_samples=8_192, epochs=1, eval_every_samples=4_096,
         eval_samples=2_048, lr=1e-4, target=0.85, throughput_warmup_steps=5, timing_windows_per_seed=6,
         timing_steps_per_window=5, standin_sizes=dict(standin_train_size=8_192, standin_test_size=2_048),
+        plan_run_samples=PAPER_RUN_SAMPLES["cifar10"],
     ),
     ("wikitext2", "gpu"): _task(
         "wikitext2", "gpu",
         baseline_batch_size=32, train_samples=None, epochs=4, eval_every_samples=256,
         eval_samples=64, lr=1e-4, target=45.0, throughput_warmup_steps=5, timing_windows_per_seed=6,
-        timing_steps_per_window=3,
+        timing_steps_per_window=3, plan_run_samples=PAPER_RUN_SAMPLES["wikitext2"],
     ),
     ("cifar10", "quick"): _task(
         "cifar10", "quick",
