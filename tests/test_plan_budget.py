@@ -119,6 +119,10 @@ def test_the_reproduction_plans_within_its_profiles_budget(monkeypatch):
         def loss(model, x, y):
             return nn.functional.cross_entropy(model(x), y)
 
+        @staticmethod
+        def run_samples(epochs):
+            return int(epochs * 64)
+
     prof = get_profile("cifar10", "smoke")
     autoplan.plan_task(Bundle(), prof, torch.device("cpu"))
     assert asked["time_budget_s"] == prof.plan_time_budget_s

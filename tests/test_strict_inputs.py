@@ -73,7 +73,7 @@ WRONG = {
     "name": None, "precision": "FP16", "k": 2.5, "adaptive": "False", "k_min": True, "k_max": 8.0,
     "k_rule": None, "sigma_target": "0.1", "noise_window": 1.5, "schedule": "Cosine", "warmup_fraction": "0.1",
     "min_lr_ratio": None, "lr_scaling": 1, "base_batch_size": True, "clip_norm": math.inf, "checkpointing": 1.5,
-    "checkpoint_policy": None, "zero_stage": True, "compile": "yes", "compile_mode": None, "optimizer_impl": True,
+    "checkpoint_policy": None, "zero_stage": True, "compile": "yes", "compile_mode": None, "compile_scope": "each", "optimizer_impl": True,
     "memory_format": "nhwc", "tf32": 0, "sdpa_backend": None, "expandable_segments": "True",
     "initial_loss_scale": "x", "loss_scale_growth_interval": 2000.0, "max_nonfinite_steps": 0,
 }
