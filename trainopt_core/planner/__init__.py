@@ -76,6 +76,7 @@ import torch
 
 from .arguments import check_arguments
 from .choice import pareto_front
+from .contention import threads_the_cpu_can_run
 from .result import Plan
 from .search import CPU_TIMING, Search
 from .space import COMPILE_ON_CPU, Candidate, native_reduced_precisions
@@ -180,9 +181,10 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                         adaptive_accumulation=adaptive_accumulation, k_max=k_max, base=base, started=started)
     if search.energy_source is None and resolved.weights[2] > 0:
         planning.notes.append(f"Energy weight {resolved.weights[2]} not used: {search.energy_unavailable}.")
-    for stage in (precision_and_split, zero_stage, checkpointing, speed_options_stage, settle):
-        stage(planning)
-    return finish(planning)
+    with threads_the_cpu_can_run(device, planning.notes):
+        for stage in (precision_and_split, zero_stage, checkpointing, speed_options_stage, settle):
+            stage(planning)
+        return finish(planning)
 
 
 __all__ = ["COMPILE_FLOOR_S", "COMPILE_ON_CPU", "Candidate", "MAX_CHECKPOINTED", "MAX_ZERO", "Plan", "TIME_BUDGET_S",
