@@ -420,3 +420,46 @@ def test_manifest_lists_installed_releases_that_differ_from_the_pins(tmp_path):
     assert _releases_off_pins(tmp_path) == {"torch": installed}
     # this checkout's own pins: a dict either way (empty where the environment is the pinned one)
     assert isinstance(measure.run_manifest()["releases_off_pins"], dict)
+
+
+def test_a_cpu_of_a_committed_kind_divides_by_its_committed_median(monkeypatch, tmp_path):
+    """The CPU's MFU denominator: the committed median of fresh processes' probes for its kind and
+    thread count (scripts/calibrate_cpu_peak.py), else the probe in the process."""
+    from trainopt_core.measure import flops
+
+    peaks = tmp_path / "cpu_peaks.json"
+    peaks.write_text(json.dumps({"peaks": {"AVX9, ACME family 1 model 2": {"3": {"fp32": {
+        "flops_per_s": 2.0e11, "runs": [1.9e11, 2.0e11, 2.1e11], "commit": "abc1234", "date": "2026-11-28"}}}}}))
+    monkeypatch.setattr(flops, "CPU_PEAKS_FILE", peaks)
+    monkeypatch.setattr(flops, "cpu_kind", lambda: "AVX9, ACME family 1 model 2")
+    monkeypatch.setattr(flops.torch, "get_num_threads", lambda: 3)
+    flops._cached_peak.cache_clear()
+    try:
+        value, source = measure.measure_peak_flops("cpu", "fp32")
+        assert value == 2.0e11
+        assert source == ("committed: median of 3 fresh processes' matmul probes on AVX9, ACME family 1 model 2, "
+                          "3 threads (abc1234, 2026-11-28; cpu_peaks.json)")
+        # another precision, thread count or kind: probed here
+        monkeypatch.setattr(flops, "matmul_probe_flops", lambda device, precision: (1.0, "measured: probe"))
+        assert measure.measure_peak_flops("cpu", "bf16") == (1.0, "measured: probe")
+        assert measure.measure_peak_flops("cpu", "fp32", prefer_datasheet=False) == (1.0, "measured: probe")
+        assert flops.committed_cpu_peak("fp32", threads=2) is None
+        assert flops.committed_cpu_peak("fp32", kind="AVX2, ACME family 9 model 9") is None
+        monkeypatch.setattr(flops, "CPU_PEAKS_FILE", tmp_path / "missing.json")
+        assert flops.committed_cpu_peak("fp32") is None
+    finally:
+        flops._cached_peak.cache_clear()
+
+
+def test_the_committed_cpu_peaks_are_the_medians_of_their_runs():
+    import statistics
+
+    from trainopt_core.measure.flops import CPU_PEAKS_FILE
+
+    peaks = json.loads(CPU_PEAKS_FILE.read_text())["peaks"]
+    assert peaks
+    for kind, by_threads in peaks.items():
+        for threads, by_precision in by_threads.items():
+            for precision, entry in by_precision.items():
+                assert len(entry["runs"]) >= 3 and entry["flops_per_s"] == statistics.median(entry["runs"]), kind
+                assert max(entry["runs"]) / min(entry["runs"]) < 1.10, (kind, threads, precision)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import re
 import time
+from pathlib import Path
 
 import torch
 
@@ -211,12 +213,43 @@ def _matmul_tf32(enabled: bool):
             matmul.allow_tf32 = before
 
 
+# The CPU's "datasheet": per kind of CPU (instruction set, vendor, family and model) and thread
+# count, the median of the matmul probe in fresh processes on a quiet machine, measured and written
+# by scripts/calibrate_cpu_peak.py with its runs, commit and date. One probe inside a process moves
+# 4-9 % with what the process ran before it (205.6-217.7 GFLOP/s in two sittings' run records on
+# one kind), where 8 fresh processes agree within 2 %: a committed median keeps every sitting of a
+# kind on one MFU denominator. A kind or thread count not in the file is probed in the process.
+CPU_PEAKS_FILE = Path(__file__).with_name("cpu_peaks.json")
+
+
+def cpu_kind() -> str:
+    """This CPU's kind as the peaks file and the between-session floors name it ("AVX512+bf16, AMD family 26 model 2")."""
+    from .manifest import cpu_family_model, cpu_isa, hardware_fingerprint
+
+    return f"{cpu_isa()}, {cpu_family_model(hardware_fingerprint('cpu'))}"
+
+
+def committed_cpu_peak(precision: str, kind: str | None = None, threads: int | None = None) -> tuple[float, str] | None:
+    """The committed peak of this kind of CPU at this thread count (`CPU_PEAKS_FILE`), or None."""
+    try:
+        peaks = json.loads(CPU_PEAKS_FILE.read_text())["peaks"]
+    except (OSError, ValueError, KeyError):
+        return None
+    kind, threads = kind or cpu_kind(), threads or torch.get_num_threads()
+    entry = peaks.get(kind, {}).get(str(threads), {}).get(precision)
+    if not entry:
+        return None
+    return entry["flops_per_s"], (f"committed: median of {len(entry['runs'])} fresh processes' matmul probes on {kind}, "
+                                  f"{threads} threads ({entry['commit']}, {entry['date']}; {CPU_PEAKS_FILE.name})")
+
+
 @functools.cache
 def _cached_peak(device_key: str, precision: str, prefer_datasheet: bool, workload: str,
                  tf32: bool) -> tuple[float, str]:
     device = torch.device(device_key)
     if device.type != "cuda":
-        return matmul_probe_flops(device, precision)
+        committed = committed_cpu_peak(precision) if prefer_datasheet and device.type == "cpu" else None
+        return committed or matmul_probe_flops(device, precision)
     if prefer_datasheet:
         found = datasheet_peak_flops(torch.cuda.get_device_name(device), precision, workload=workload)
         if found is not None:
