@@ -241,3 +241,18 @@ def test_cli_deepspeed_launcher_starts_cpu_processes():
     assert result.returncode == 0, result.stdout + result.stderr
     assert _result_lines(result.stdout) == [
         f"launch_target rank={r} world_size=2 sum=1.0 threads=1 backend=gloo" for r in (0, 1)]
+
+
+def test_a_peers_collective_error_is_not_taken_for_the_cause_of_a_rank_that_left_silently():
+    """The race CI once lost: rank 1 leaves with os._exit, rank 0's all_reduce reports gloo's
+    "Connection closed by peer" before the launcher sees rank 1's exit. The root is rank 1."""
+    from trainopt_core.distributed.spawn import _NO_REPORT, _root_cause
+
+    errors = {0: (10.0, "rank 0:\nRuntimeError: Connection closed by peer [127.0.0.1]:1234 ... the remote worker"),
+              1: (10.5, f"rank 1 exited with code 3{_NO_REPORT}")}
+    assert _root_cause(errors) == 1
+    # a rank's own error, reported first, stays the root; and with no silent rank, the first report
+    errors[0] = (10.0, "rank 0:\nValueError: bad input")
+    assert _root_cause(errors) == 0
+    assert _root_cause({0: (11.0, "rank 0:\nRuntimeError: Connection closed by peer"),
+                        1: (10.0, "rank 1:\nValueError: bad input")}) == 1

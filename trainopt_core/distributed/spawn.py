@@ -11,6 +11,7 @@ import ctypes
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import sys
 import time
@@ -29,6 +30,20 @@ TERMINATE_GRACE_S = 3.0
 # A rank that sent its traceback exits right after; wait this long before stopping it.
 REPORTED_EXIT_WAIT_S = 1.0
 _NO_REPORT = " without reporting a result or an exception"
+# A collective's error on a rank whose peer went away: a consequence, not the cause (gloo's
+# "Connection closed by peer ... the remote worker", NCCL's aborted communicator)
+_PEER_LOST = re.compile(r"closed by peer|reset by peer|remote worker|broken pipe|communicator was aborted", re.I)
+
+
+def _root_cause(errors: dict[int, tuple[float, str]]) -> int:
+    """The failure that caused the others: the first reported, unless that is a collective's error
+    on losing a peer and a rank ended without a report -- then that rank (it left first; its peer
+    only noticed, and may have said so before the launcher saw the exit)."""
+    first = min(errors, key=lambda r: errors[r][0])
+    silent = [r for r, (_, text) in errors.items() if text.endswith(_NO_REPORT)]
+    if silent and _PEER_LOST.search(errors[first][1]):
+        return min(silent, key=lambda r: errors[r][0])
+    return first
 
 
 class LaunchError(RuntimeError):
@@ -228,9 +243,12 @@ def run_processes(fn: Callable[..., Any], nproc: int, *, args: tuple = (),
                     if rank in results or rank in errors:
                         pending.discard(rank)
         if errors:
-            root = min(errors, key=lambda r: errors[r][0])
-            for rank in errors:  # it reported and is exiting: let it, to keep its exit code
+            for rank in list(errors):  # it reported and is exiting: let it, to keep its exit code
                 processes[rank].join(timeout=REPORTED_EXIT_WAIT_S)
+            for rank in sorted(set(range(nproc)) - set(results) - set(errors)):
+                if not processes[rank].is_alive():  # ended on its own before the launcher stopped anyone
+                    _collect(rank, readers[rank], processes[rank], results, errors)
+            root = _root_cause(errors)
             _kill_all(processes)
             for rank in sorted(set(range(nproc)) - set(results) - set(errors)):
                 # A peer may have raised in the meantime (its collective lost rank `root`).
