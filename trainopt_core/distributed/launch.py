@@ -2,7 +2,7 @@
 
     python -m trainopt_core.distributed --nproc 2 [--deepspeed] -- <arguments for the module>
     python -m trainopt_core.distributed --nproc 8 --nnodes 2 --node-rank 0 \\
-        --master-addr 10.0.0.1 --master-port 29500 -- <arguments>
+        --master-addr <node 0's address> --master-port 29500 -- <arguments>
 
 runs `python -m torch.distributed.run ... -m <module> <arguments>`, or the DeepSpeed launcher,
 and exits with the job's exit code; both end the whole job when one rank fails. The module is
