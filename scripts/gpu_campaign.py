@@ -59,8 +59,8 @@ from trainopt_core.reproduction import autoplan, runner  # noqa: E402
 from trainopt_core.reproduction.profiles import get_profile  # noqa: E402
 from trainopt_core.reproduction.tasks import build_task  # noqa: E402
 from trainopt_core.reproduction.throughput import measure_throughput  # noqa: E402
-from trainopt_core.reporting.gpu_campaign import (compile_break_even, goals, plan_candidates,  # noqa: E402,F401
-                                                   summary_markdown)
+from trainopt_core.reporting.gpu_campaign import (chosen_row, compile_break_even, goals,  # noqa: E402,F401
+                                                   plan_candidates, summary_markdown)
 
 CONFIGS = ("baseline", "optimized", "auto")
 # what a stage costs on one H100 at the gpu profile's sizes, in seconds: the longest each took in
@@ -215,7 +215,7 @@ def run_task(task: str, profile: str, work: Path, device: torch.device) -> dict:
         )
         if name == "auto":
             planned = record["plan"]
-            chosen = next((row for row in planned["rows"] if row["candidate"] == planned["chosen"]), {})
+            chosen = chosen_row(planned)
             entry.update(planning_s=planned["planning_s"], planning_stage_s=planned.get("stage_s"),
                          compile_s=planned.get("compile_s"), plan_choice=planned["chosen"],
                          plan_notes=planned.get("notes"), plan_run_samples=planned.get("run_samples"),
@@ -537,7 +537,7 @@ def rerender(folder: Path) -> None:
 
             entry["candidates"] = plan_candidates(plan, _flops_per_item(task, entry["profile"]),
                                                   float(prof.seq_len - 1) if task == "wikitext2" else 1.0, peak_of)
-            chosen = next(row for row in plan["rows"] if row["candidate"] == plan["chosen"])
+            chosen = chosen_row(plan)
             entry.update(speedup_over_run=chosen.get("speedup_over_run"), run_compile_s=chosen.get("run_compile_s"))
     summary["goals"] = goals(summary)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -50,6 +50,6 @@ def test_the_threads_come_back_when_planning_fails(monkeypatch):
     assert seen == [1, 2]
 
 
-def test_the_other_processes_cpu_use_is_read_from_proc_stat():
+def test_the_other_processes_cpu_use_is_read_from_the_systems_cpu_times():
     busy = contention.others_busy_cores(0.05)
     assert busy is None or 0.0 <= busy <= (len(contention.os.sched_getaffinity(0)) + 0.5)

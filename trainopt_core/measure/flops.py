@@ -224,9 +224,9 @@ CPU_PEAKS_FILE = Path(__file__).with_name("cpu_peaks.json")
 
 def cpu_kind() -> str:
     """This CPU's kind as the peaks file and the between-session floors name it ("AVX512+bf16, AMD family 26 model 2")."""
-    from .manifest import cpu_family_model, cpu_isa, hardware_fingerprint
+    from .manifest import cpu_kind as kind_of, hardware_fingerprint
 
-    return f"{cpu_isa()}, {cpu_family_model(hardware_fingerprint('cpu'))}"
+    return kind_of(hardware_fingerprint("cpu"))
 
 
 def committed_cpu_peak(precision: str, kind: str | None = None, threads: int | None = None) -> tuple[float, str] | None:

@@ -80,6 +80,14 @@ def cpu_computes_bf16_natively() -> bool:
             or "AVX512_BF16" in _cpu_capability())
 
 
+def cpu_kind(hardware: dict) -> str:
+    """A CPU's kind from a manifest's hardware block: its instruction set, vendor, family and model
+    ("AVX512+bf16, AMD family 26 model 2"), what the between-session floors and the committed CPU
+    peaks are kept by."""
+    family = cpu_family_model(hardware)
+    return f"{hardware['cpu_isa']}, {'family unknown' if family == 'unknown' else family}"
+
+
 def cpu_isa() -> str:
     """The vector instruction set torch's CPU kernels dispatch to ("AVX2", "AVX512", ...), with
     "+bf16" where the CPU computes bf16 natively and "+amx" where it has AMX tiles."""

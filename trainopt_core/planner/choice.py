@@ -126,15 +126,6 @@ def tie_margin(device: str | None) -> float:
     return TIE_MARGIN.get(kind, TIE_MARGIN["cpu"])
 
 
-def within_each_others_noise(row: dict, other: dict) -> bool:
-    """Whether each row's eq. 3 point cost lies inside the other's 95 % interval. (Intervals that
-    merely overlap do not make a tie: a candidate timed in few windows overlaps everything.)"""
-    def inside(point: float, interval_of: dict) -> bool:
-        low, high = interval_of.get("cost_ci_low"), interval_of.get("cost_ci_high")
-        return low is not None and high is not None and low <= point <= high
-    return inside(row["cost"], other) and inside(other["cost"], row)
-
-
 def tied_with(row: dict, lowest: dict, margin: float = 0.0) -> bool:
     """Whether `row` ties with `lowest` (the lowest point cost): its point cost inside `lowest`'s
     95 % interval, or within `margin` (a fraction) of `lowest`'s point cost."""

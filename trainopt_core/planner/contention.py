@@ -15,35 +15,31 @@ import contextlib
 import os
 import time
 
+import psutil
 import torch
 
 SAMPLE_S = 0.25  # how long the other processes' CPU use is sampled before planning
 
 
-def _busy_and_total_ticks() -> tuple[int, int] | None:
-    """All CPUs' busy and total clock ticks since boot (/proc/stat's first line), or None."""
-    try:
-        with open("/proc/stat") as stat:
-            values = [int(v) for v in stat.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    idle = values[3] + values[4]  # idle, iowait
-    return sum(values) - idle, sum(values)
+def _busy_s(times) -> float:
+    """Busy CPU seconds in a psutil cpu_times: all but idle and waiting on I/O (guest time is
+    already inside user time)."""
+    return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
 def others_busy_cores(sample_s: float = SAMPLE_S) -> float | None:
     """How many cores the machine's other processes kept busy over the next `sample_s` seconds
-    (all CPUs' busy time less this process's own, per second); None where /proc/stat is not readable."""
-    before, own_before, started = _busy_and_total_ticks(), os.times(), time.monotonic()
-    if before is None:
+    (all CPUs' busy time less this process's own, per second); None where the system's CPU times
+    cannot be read."""
+    try:
+        me = psutil.Process()
+        before, own_before, started = _busy_s(psutil.cpu_times()), me.cpu_times(), time.monotonic()
+        time.sleep(sample_s)
+        after, own_after, elapsed = _busy_s(psutil.cpu_times()), me.cpu_times(), time.monotonic() - started
+    except (psutil.Error, OSError, NotImplementedError):
         return None
-    time.sleep(sample_s)
-    after, own_after, elapsed = _busy_and_total_ticks(), os.times(), time.monotonic() - started
-    if after is None or elapsed <= 0:
-        return None
-    busy_cores = (after[0] - before[0]) / os.sysconf("SC_CLK_TCK") / elapsed
-    own_cores = ((own_after.user - own_before.user) + (own_after.system - own_before.system)) / elapsed
-    return max(busy_cores - own_cores, 0.0)
+    own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
+    return max((after - before - own) / elapsed, 0.0) if elapsed > 0 else None
 
 
 def threads_for(free_cores: float, threads: int) -> int:

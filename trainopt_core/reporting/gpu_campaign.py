@@ -38,6 +38,11 @@ def compile_break_even(row: dict, chosen: dict) -> float | None:
     return run_compile_s(row) / saved if saved > 0 else None
 
 
+def chosen_row(plan: dict) -> dict:
+    """The chosen candidate's row of a plan as `Plan.to_dict()` holds it."""
+    return next(row for row in plan["rows"] if row["candidate"] == plan["chosen"])
+
+
 def plan_candidates(plan: dict, flops_per_item: float, items_per_sample: float, peak_of) -> list[dict]:
     """The rows of a plan (`Plan.to_dict()`) as the campaign reports them. A timed row's MFU is
     its speedup over the fp32 baseline (paired windows) times the baseline's rate (items/s:
@@ -46,7 +51,7 @@ def plan_candidates(plan: dict, flops_per_item: float, items_per_sample: float, 
     from ..planner.choice import baseline_row, reworded_costs
 
     base = baseline_row(plan["rows"])
-    chosen = next(row for row in plan["rows"] if row["candidate"] == plan["chosen"])
+    chosen = chosen_row(plan)
     base_rate = items_per_sample / base["seconds_per_sample"]
     candidates = []
     for row in plan["rows"]:

@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import measure
-from ..measure.manifest import cpu_family_model
+from ..measure.manifest import cpu_kind
 from ..reproduction.profiles import TIMING_ONLY_SETTINGS
 
 FLOOR_FILE = Path(__file__).with_name("session_floor.json")
@@ -53,8 +53,7 @@ def machine_kind(manifest: dict | None) -> str | None:
         return None
     if not hardware.get("cpu_isa"):
         return "CPU, instruction set and family unknown"
-    family = cpu_family_model(hardware)
-    return f"{hardware['cpu_isa']}, {'family unknown' if family == 'unknown' else family}"
+    return cpu_kind(hardware)
 
 
 def _sitting(record: dict) -> tuple[str, str]:
