@@ -127,6 +127,19 @@ def test_a_budget_only_checkpointing_meets_makes_the_plan_checkpoint_and_fit():
                if row["checkpointing"] is None and row["precision"] == "fp32")
 
 
+def _with_rows(result, change, **values):
+    """`result` stored and loaded again with each of its rows replaced by change(row) (and `values`
+    set): a plan whose eligibility is set by the test, not by how fast each candidate ran."""
+    stored = dict(result.to_dict(), **values)
+    stored["rows"] = [change(row) for row in result.rows]
+    return Plan.from_dict(stored)
+
+
+def _legend(result) -> list[str]:
+    legend = result.pareto_figure().axes[0].get_legend()
+    return [text.get_text() for text in legend.get_texts()]
+
+
 def test_rechoose_applies_other_weights_to_the_same_measurements_and_a_plan_survives_json():
     result = _deep_plan(weights=(1, 1, 0))
     memory_only = result.rechoose(weights=(0, 1, 0))
@@ -142,16 +155,25 @@ def test_rechoose_applies_other_weights_to_the_same_measurements_and_a_plan_surv
     figure = result.pareto_figure(data="stand-in: test (NOT CIFAR-10)")
     ax = figure.axes[0]
     assert ax.get_xlabel().startswith("peak memory") and "NOT CIFAR-10" in ax.get_title()
-    legend = [text.get_text() for text in ax.get_legend().get_texts()]
-    measured = [r for r in result.rows if r.get("speedup") and r["peak_memory_bytes"] is not None]
-    # the legend names the markers drawn, and only those
-    assert ("with checkpointing" in legend) == any(r["checkpointing"] is not None for r in measured)
-    assert any(t.startswith("not eligible") for t in legend) == any(not r["feasible"] for r in measured)
-    # ... and says why the grey ones are not eligible, and a budget only where there is one
-    grey = next(t for t in legend if t.startswith("not eligible"))
-    assert ("over the memory budget" in grey) == any((r["rejected_because"] or "").startswith("over the budget")
-                                                      for r in measured if not r["feasible"])
-    assert ("eligible candidate, within the memory budget" in legend) == (result.memory_budget_bytes is not None)
+    # the legend names the markers drawn, and only those; which candidates are eligible is set
+    # here, not left to how fast each ran in this sitting
+    drawn = [r for r in result.rows if r.get("speedup") and r["peak_memory_bytes"] is not None]
+    assert ("with checkpointing" in _legend(result)) == any(r["checkpointing"] is not None for r in drawn)
+    eligible = dict(feasible=True, rejected_because=None)
+    assert not any(t.startswith("not eligible") for t in _legend(_with_rows(result, lambda row: dict(row, **eligible))))
+    slower = _with_rows(result, lambda row: dict(row, **eligible) if row is result.chosen or row["checkpointing"] is None
+                        else dict(row, feasible=False, rejected_because="slower than the fp32 baseline (0.90x)"))
+    assert [t for t in _legend(slower) if t.startswith("not eligible")] \
+        == ["not eligible: slower than the fp32 baseline (see the table)"]
+    assert "eligible candidate" in _legend(slower)  # no budget, so none is said
+    budget = max(r["peak_memory_bytes"] for r in drawn if r is not result.chosen) - 1
+    over = _with_rows(result, lambda row: dict(row, **eligible) if row is result.chosen
+                      or (row["peak_memory_bytes"] or 0) <= budget
+                      else dict(row, feasible=False, rejected_because="over the budget: peak 9 MiB"),
+                      memory_budget_bytes=budget)
+    assert [t for t in _legend(over) if t.startswith("not eligible")] \
+        == ["not eligible: over the memory budget (see the table)"]
+    assert "eligible candidate, within the memory budget" in _legend(over)
     assert _ineligible_reasons(["slower than the fp32 baseline (0.93x)", "over the budget: peak 9 MiB",
                                 "slower than the fp32 baseline (0.72x)", "out of memory: even timed alone", None]) \
         == "slower than the fp32 baseline, over the memory budget, failed"
