@@ -13,7 +13,14 @@ from trainopt_core.planner import space
 from trainopt_core.planner.search import loss_tolerance
 from trainopt_core.planner.space import Candidate, fewest_splits_that_fit
 
+from plan_fakes import without_time_budget
+
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _no_time_budget(monkeypatch):
+    without_time_budget(monkeypatch)  # which candidates are measured must not depend on the machine's load
 
 
 def _model():
@@ -395,7 +402,10 @@ def math_kernel_offered(monkeypatch):
     monkeypatch.setattr(stages, "attention_kernels", offered)
 
 
-def test_plan_times_a_forced_attention_kernel_only_for_a_model_that_calls_sdpa(math_kernel_offered):
+def test_plan_times_a_forced_attention_kernel_only_for_a_model_that_calls_sdpa(math_kernel_offered, monkeypatch):
+    # fp32 only, on every CPU kind: with bf16 also offered, which precision the kernel is tried on
+    # would follow this sitting's timings
+    monkeypatch.setattr(space, "native_reduced_precisions", lambda device: ())
     result = plan(_Attention(), _optimizer, _batch(), nn.functional.cross_entropy, ks=[1], windows=2,
                   steps_per_window=1)
     # the kernel alone on the best; with another option that helped (the fused optimizer, if its
