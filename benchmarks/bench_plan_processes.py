@@ -4,7 +4,7 @@ For each task of the profile, `--processes` processes (gloo on a CPU, one thread
 task's model on their shares of one training batch of the baseline's size (the effective batch
 of the one-process plans, split over the processes), twice:
 
-1. no budget, time only;
+1. no memory budget, time only;
 2. a budget of 50 % of the data-parallel fp32 baseline's measured peak (per process);
 3. with `--adaptive`, also for adaptive accumulation (k by goodput): the noise scale pooled over
    every process's share, the gradient all-reduce counted in the optimizer step's fixed part.
@@ -23,7 +23,7 @@ the baseline (median, 95 % interval), peak memory, and why it lost.
 
     python benchmarks/bench_plan_processes.py [--profile quick] [--tasks cifar10,wikitext2]
                                               [--processes 2] [--adaptive [--windows 6 --steps 2]]
-                                              [--json FILE]
+                                              [--time-budget SECONDS|none] [--json FILE]
 """
 from __future__ import annotations
 
@@ -49,8 +49,9 @@ print = functools.partial(print, flush=True)  # noqa: A001
 
 
 def plan_on_this_process(task: str, profile: str, progress: bool, adaptive: bool = False, windows: int = 6,
-                         steps: int = 2) -> dict:
-    """The plans of `task` on this process's share of the batch (run by every process)."""
+                         steps: int = 2, time_budget_s: float | None | str = "profile") -> dict:
+    """The plans of `task` on this process's share of the batch (run by every process), each
+    within `time_budget_s` seconds of planning ("profile": the profile's budget; None: none)."""
     from trainopt_core.reproduction.autoplan import plan_task
     from trainopt_core.reproduction.profiles import get_profile
     from trainopt_core.reproduction.tasks import build_task
@@ -61,6 +62,9 @@ def plan_on_this_process(task: str, profile: str, progress: bool, adaptive: bool
     torch.manual_seed(0)  # the same model on every process
     bundle = build_task(prof, data_policy="auto", data_dir=None, device=torch.device("cpu"), seed=0)
     share = _share_of_the_batch(bundle, rank, world)
+    if time_budget_s == "profile":
+        time_budget_s = prof.plan_time_budget_s
+    plan_task = functools.partial(plan_task, time_budget_s=time_budget_s)
     plans, failed = {}, {}
     plans["no budget"] = plan_task(share, prof, torch.device("cpu"), progress=progress and rank == 0)
     budget = 0.5 * plans["no budget"].baseline["peak_memory_bytes"]
@@ -128,6 +132,18 @@ def _print_plan(label: str, planned: dict) -> None:
               f"across the interval; closed form {good['closed_form_k']:.3g})")
 
 
+def _time_budget(text: str) -> float | None | str:
+    if text in ("none", "profile"):
+        return None if text == "none" else text
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"--time-budget {text!r}: allowed seconds > 0, 'none' or 'profile'")
+    return seconds
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="quick", choices=("smoke", "quick"))
@@ -137,6 +153,8 @@ def main(argv=None) -> int:
     parser.add_argument("--adaptive", action="store_true", help="also plan for adaptive accumulation")
     parser.add_argument("--windows", type=int, default=6, help="--adaptive's step-time check: timing windows")
     parser.add_argument("--steps", type=int, default=2, help="--adaptive's step-time check: steps per window")
+    parser.add_argument("--time-budget", default="profile", type=_time_budget, metavar="SECONDS|none|profile",
+                        help="each plan's planning time budget (default: the profile's)")
     parser.add_argument("--progress", action="store_true")
     args = parser.parse_args(argv)
     if args.processes < 2:
@@ -147,7 +165,8 @@ def main(argv=None) -> int:
                "processes": args.processes, "tasks": []}
     for task in args.tasks.split(","):
         started = time.perf_counter()
-        ranks = run_processes(plan_on_this_process, args.processes, args=(task, args.profile, args.progress, args.adaptive, args.windows, args.steps),
+        arguments = (task, args.profile, args.progress, args.adaptive, args.windows, args.steps, args.time_budget)
+        ranks = run_processes(plan_on_this_process, args.processes, args=arguments,
                               backend="gloo", threads_per_process=max(1, available_cpu_cores() // args.processes),
                               timeout_s=1800)
         wall_s = time.perf_counter() - started
