@@ -533,9 +533,8 @@ with that budget measures them.
     code('''from trainopt_core.reporting import plans as planning
 plans = planning.load_plans(paths.plans, tasks)
 for task, plan in plans.items():
-    half = planning.rechoose(plan, budget_fraction=0.5)
     print(f"{TASK_LABELS[task]['file']}: auto {plan.chosen['candidate']}; under 50 % of the fp32 peak: "
-          f"{half.chosen['candidate']}")
+          f"{planning.choice_under_budget(plan, 0.5)}")
 planning.plan_app(plans)''', IGNORE),
 ]
 

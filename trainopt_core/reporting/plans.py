@@ -71,6 +71,21 @@ def rechoose(plan: Plan, *, budget_fraction: float | None = None, weights=None) 
     return plan.rechoose(memory_budget_bytes=budget, weights=weights)
 
 
+def choice_under_budget(plan: Plan, budget_fraction: float) -> str:
+    """The candidate `plan` chooses under a memory budget of `budget_fraction` of its fp32
+    baseline's peak, or, where none of its measured candidates fits, that none does and the
+    smallest peak measured (a plan cut short by its time budget may not have measured the
+    splits that fit)."""
+    try:
+        return rechoose(plan, budget_fraction=budget_fraction).chosen["candidate"]
+    except ValueError:
+        measured = [row for row in plan.rows if row["peak_memory_bytes"] is not None]
+        smallest = min(measured, key=lambda row: row["peak_memory_bytes"])
+        return (f"none of the measured candidates fits (the smallest peak, {smallest['candidate']}'s, is "
+                f"{smallest['peak_memory_bytes'] / plan.baseline['peak_memory_bytes']:.0%} of the fp32 baseline's); "
+                "plan() with this budget measures more")
+
+
 def plan_app(plans: dict[str, Plan]):
     """An ipywidgets panel: task, a memory budget (% of the fp32 baseline's peak; 0 = none) and
     eq. 3's weights -> the plan chosen again from the same measurements (`rechoose`), its
