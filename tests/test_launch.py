@@ -49,7 +49,7 @@ def _result_lines(stdout: str) -> list[str]:
                              r"backend=\w+?(?=\n|$|launch_target)", stdout))
 
 
-def _run_cli(*argv: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+def _run_cli(*argv: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainopt_core.distributed", *argv],
                           cwd=REPO_ROOT, env=_cli_env(), capture_output=True, text=True,
                           timeout=timeout_s)
@@ -74,7 +74,7 @@ def test_raising_rank_ends_job_with_its_traceback_while_peer_is_blocked(tmp_path
                       threads_per_process=1, timeout_s=120)
     elapsed_s = time.monotonic() - start
     err = excinfo.value
-    assert elapsed_s < 30
+    assert elapsed_s < 90  # not the job's 120 s timeout: the hanging peer was stopped (bounds loose for a busy machine)
     assert err.rank == 1
     assert "rank 1" in str(err)
     assert f"{launch_target.FAILURE_TEXT} on rank 1" in str(err)
@@ -90,7 +90,7 @@ def test_rank_exiting_without_exception_is_reported_with_its_exit_code(tmp_path)
     with pytest.raises(RankFailedError) as excinfo:
         run_processes(launch_target.exit_on_rank, 2, args=(1, 3, str(tmp_path)),
                       backend="gloo", threads_per_process=1, timeout_s=120)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 90  # not the job's 120 s timeout
     assert excinfo.value.rank == 1
     assert excinfo.value.exit_codes[1] == 3, excinfo.value.exit_codes
     assert "rank 1 exited with code 3" in str(excinfo.value)
@@ -102,8 +102,8 @@ def test_job_past_timeout_is_killed_and_raises(tmp_path):
     # long enough for both ranks to start (and write their pid files) on a busy 2-core machine
     with pytest.raises(LaunchTimeoutError, match=r"ranks \[0, 1\] had not finished"):
         run_processes(launch_target.sleep_forever, 2, args=(str(tmp_path),), backend="gloo",
-                      threads_per_process=1, timeout_s=20)
-    assert time.monotonic() - start < 40
+                      threads_per_process=1, timeout_s=45)
+    assert time.monotonic() - start < 45 + 45  # killed at the timeout, not left to sleep
     _assert_no_rank_alive(tmp_path, expected_ranks=2)
 
 
@@ -224,7 +224,7 @@ def test_cli_exits_nonzero_with_failing_ranks_error_in_bounded_time():
     start = time.monotonic()
     result = _run_cli("--nproc", "2", "--threads-per-process", "1", "--dist-timeout-s", "20",
                       "--module", "launch_target", "--", "--fail-rank", "1")
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 120  # not left hanging: the peer stopped (at the latest its 20 s collective timeout)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert f"{launch_target.FAILURE_TEXT} on rank 1" in output
