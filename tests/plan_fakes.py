@@ -46,9 +46,24 @@ class FakeClock:
         self.now += seconds
 
 
+def without_energy_counter(monkeypatch) -> None:
+    """plan()'s energy counter unreadable, as on most machines: where RAPL is readable the planner
+    runs extra steps per candidate to measure energy, which would move a fake clock's budget."""
+    import functools
+
+    import trainopt_core.planner.search as search
+    import trainopt_core.planner.timing as timing
+    from trainopt_core.measure.energy import EnergyMeter
+
+    unreadable = functools.partial(EnergyMeter, rapl_root="/nonexistent/powercap")
+    monkeypatch.setattr(search, "EnergyMeter", unreadable)
+    monkeypatch.setattr(timing, "EnergyMeter", unreadable)
+
+
 def use_fake_windows(monkeypatch, rates: dict[str, list[float]], **kwargs) -> FakeWindows:
     import trainopt_core.planner.timing as timing
 
+    without_energy_counter(monkeypatch)
     fake = FakeWindows(rates, **kwargs)
     monkeypatch.setattr(timing, "interleaved_windows", fake)
     return fake
@@ -60,6 +75,7 @@ def slow_steps(monkeypatch, step_s) -> FakeClock:
     import trainopt_core.planner.budget as budget
     from trainopt_core.planner.trial import Trial
 
+    without_energy_counter(monkeypatch)
     clock = FakeClock()
     monkeypatch.setattr(budget, "now", clock)
     real_step = Trial.step

@@ -51,5 +51,28 @@ def test_the_threads_come_back_when_planning_fails(monkeypatch):
 
 
 def test_the_other_processes_cpu_use_is_read_from_the_systems_cpu_times():
-    busy = contention.others_busy_cores(0.05)
+    busy = contention.others_busy_cores(0.5)  # long enough that the counters' 10 ms ticks do not add a core
     assert busy is None or 0.0 <= busy <= (len(contention.os.sched_getaffinity(0)) + 0.5)
+
+
+def test_only_the_cpus_this_process_may_run_on_count_as_busy(monkeypatch):
+    # a container given CPUs 0 and 1 of a four-CPU host: CPUs 2 and 3 busy with other containers' work
+    from collections import namedtuple
+
+    Times = namedtuple("Times", "user system idle")
+    calls = []
+
+    def cpu_times(percpu=False):
+        assert percpu
+        calls.append(None)
+        second = len(calls) > 1
+        return [Times(user=0.5 * second, system=0.0, idle=0.0), Times(user=0.0, system=0.0, idle=1.0 * second),
+                Times(user=1.0 * second, system=0.0, idle=0.0), Times(user=1.0 * second, system=0.0, idle=0.0)]
+
+    monkeypatch.setattr(contention.psutil, "cpu_times", cpu_times)
+    monkeypatch.setattr(contention.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(contention.time, "sleep", lambda s: None)
+    clock = iter([0.0, 1.0])
+    monkeypatch.setattr(contention.time, "monotonic", lambda: next(clock))
+    busy = contention.others_busy_cores(1.0)
+    assert busy == pytest.approx(0.5, abs=0.05)  # CPU 0's half a core (less this process's own ~0), not 2.5

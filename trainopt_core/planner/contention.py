@@ -27,15 +27,25 @@ def _busy_s(times) -> float:
     return sum(getattr(times, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
+def _our_cpus_busy_s() -> float:
+    """Busy CPU seconds so far of the CPUs this process may run on (in a container on a larger
+    host the system's CPU times count every host CPU; only ours share our work)."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    ours = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(len(per_cpu))
+    if max(ours, default=0) >= len(per_cpu):  # CPUs numbered past those listed (some offline): all of them
+        ours = range(len(per_cpu))
+    return sum(_busy_s(per_cpu[cpu]) for cpu in ours)
+
+
 def others_busy_cores(sample_s: float = SAMPLE_S) -> float | None:
-    """How many cores the machine's other processes kept busy over the next `sample_s` seconds
-    (all CPUs' busy time less this process's own, per second); None where the system's CPU times
-    cannot be read."""
+    """How many of this process's CPUs the machine's other processes kept busy over the next
+    `sample_s` seconds (their busy time less this process's own, per second); None where the
+    system's CPU times cannot be read."""
     try:
         me = psutil.Process()
-        before, own_before, started = _busy_s(psutil.cpu_times()), me.cpu_times(), time.monotonic()
+        before, own_before, started = _our_cpus_busy_s(), me.cpu_times(), time.monotonic()
         time.sleep(sample_s)
-        after, own_after, elapsed = _busy_s(psutil.cpu_times()), me.cpu_times(), time.monotonic() - started
+        after, own_after, elapsed = _our_cpus_busy_s(), me.cpu_times(), time.monotonic() - started
     except (psutil.Error, OSError, NotImplementedError):
         return None
     own = (own_after.user - own_before.user) + (own_after.system - own_before.system)
