@@ -150,17 +150,13 @@ def smoke_reports(tmp_path_factory):
     on the stand-in data, with `auto`'s plans: trained (and planned) once per test session. The
     notebook, browser and runner tests read these same runs, each from a copy of its own
     (`copy_smoke_runs`); the notebooks reuse them as a resumed reproduction does."""
-    from trainopt_core.reproduction import profiles, runner
+    from trainopt_core.reproduction import runner
 
     root = tmp_path_factory.mktemp("smoke_reports")
-    with pytest.MonkeyPatch.context() as patch:
-        # `auto` planned without a time budget: on a busy machine the smoke budget can leave the
-        # splits unmeasured that the explorer's re-plan under 50 % of the fp32 peak needs
-        patch.setitem(profiles.PLAN_TIME_BUDGET_S, "smoke", None)
-        for task in ("cifar10", "wikitext2"):
-            for config in SMOKE_CONFIGS:
-                runner.run(task, config, profile="smoke", seed=0, out_dir=root / "smoke" / "runs",
-                           data_policy="standin", progress=False)
+    for task in ("cifar10", "wikitext2"):
+        for config in SMOKE_CONFIGS:
+            runner.run(task, config, profile="smoke", seed=0, out_dir=root / "smoke" / "runs", data_policy="standin",
+                       progress=False)
     return root
 
 
