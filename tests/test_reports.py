@@ -366,6 +366,18 @@ def test_caption_names_the_stand_in_and_the_precision_that_ran():
     assert "Precision fp16 -> bf16 on CPU." in notes
 
 
+def test_a_timed_tables_notes_say_the_target_each_time_to_target_is_to():
+    records = [make_record(seed=s, timing=[10.0, 11.0]) for s in (0, 1)]
+    records += [make_record(task="wikitext2", seed=0, timing=[10.0]) | {"profile": "quick"}]
+    records[-1]["metrics"]["target"] = 92.9
+    notes = reports.footnotes(records)
+    assert "Target: accuracy ≥ 40 % on the evaluation split, the `smoke` profile's for this model and data (the " \
+        "paper's times are to its own targets)." in notes
+    assert any(note.startswith("Target: perplexity ≤ 92.9 on the evaluation split, the `quick` profile's")
+               for note in notes)
+    assert not any(note.startswith("Target:") for note in reports.footnotes(records, timing=False))
+
+
 def test_notes_are_listed_once_and_runs_with_the_same_reason_are_merged(tmp_path):
     records = paired_records()
     why = "activation checkpointing recomputes the same values, so both train bit-identically"

@@ -89,6 +89,7 @@ def footnotes(records: list[dict], *, timing: bool = True, run_notes: bool = Tru
         notes.append(session_floor.describe(kinds[0]))
         notes.append("Time to target: the geometric mean over seeds of samples to target × the timed seconds per "
                      "sample, its 95 % interval [in brackets] combined in log space.")
+        notes.extend(_target_notes(records))
     for item in order:
         if isinstance(item, str):
             notes.append(item[0].upper() + item[1:] + ("" if item.endswith(".") else "."))
@@ -97,6 +98,23 @@ def footnotes(records: list[dict], *, timing: bool = True, run_notes: bool = Tru
         runs = "the run of" if len(names) == 1 else "the runs of"
         text = f"{head} {runs} {', '.join(repr(n) for n in names)}: {why}"
         notes.append(text[0].upper() + text[1:] + ("" if text.endswith(".") else "."))
+    return notes
+
+
+def _target_notes(records: list[dict]) -> list[str]:
+    """The target each task's time to target is to (the profile's, from the runs' records), and
+    that the paper's times are to its own."""
+    targets = {}
+    for record in records:
+        target = (record.get("metrics") or {}).get("target")
+        if target is not None:
+            targets.setdefault((record["task"], record.get("profile")), set()).add(target)
+    notes = []
+    for (task, profile), values in targets.items():
+        quality = (" or ".join(f"accuracy ≥ {100 * v:g} %" for v in sorted(values)) if task == "cifar10" else
+                   " or ".join(f"perplexity ≤ {v:g}" for v in sorted(values)))
+        notes.append(f"Target: {quality} on the evaluation split, the `{profile}` profile's for this model and data "
+                     "(the paper's times are to its own targets).")
     return notes
 
 
