@@ -106,13 +106,13 @@ def _target_notes(records: list[dict]) -> list[str]:
     that the paper's times are to its own."""
     targets = {}
     for record in records:
-        target = (record.get("metrics") or {}).get("target")
-        if target is not None:
-            targets.setdefault((record["task"], record.get("profile")), set()).add(target)
+        metrics = record.get("metrics") or {}
+        if metrics.get("target") is not None:
+            targets.setdefault((metrics.get("quality_name"), record.get("profile")), set()).add(metrics["target"])
     notes = []
-    for (task, profile), values in targets.items():
-        quality = (" or ".join(f"accuracy ≥ {100 * v:g} %" for v in sorted(values)) if task == "cifar10" else
-                   " or ".join(f"perplexity ≤ {v:g}" for v in sorted(values)))
+    for (quality_name, profile), values in targets.items():
+        quality = " or ".join(f"accuracy ≥ {100 * v:g} %" if quality_name == "accuracy" else f"{quality_name} ≤ {v:g}"
+                              for v in sorted(values))
         notes.append(f"Target: {quality} on the evaluation split, the `{profile}` profile's for this model and data "
                      "(the paper's times are to its own targets).")
     return notes

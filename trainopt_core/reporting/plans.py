@@ -64,11 +64,14 @@ def format_plan_table(plan: Plan) -> pd.DataFrame:
 def rechoose(plan: Plan, *, budget_fraction: float | None = None, weights=None) -> Plan:
     """`plan` chosen again with a memory budget given as a fraction of its fp32 baseline's peak
     (None: no budget) and/or other eq. 3 weights (time, memory, energy); nothing is run."""
+    return plan.rechoose(memory_budget_bytes=_budget_bytes(plan, budget_fraction), weights=weights)
+
+
+def _budget_bytes(plan: Plan, budget_fraction: float | None) -> float | None:
     if budget_fraction is not None and not (isinstance(budget_fraction, (int, float)) and budget_fraction > 0):
         raise ValueError(f"budget_fraction={budget_fraction!r} is invalid: allowed None (no budget) or a number > 0 "
                          "(of the fp32 baseline's peak memory)")
-    budget = None if budget_fraction is None else budget_fraction * plan.baseline["peak_memory_bytes"]
-    return plan.rechoose(memory_budget_bytes=budget, weights=weights)
+    return None if budget_fraction is None else budget_fraction * plan.baseline["peak_memory_bytes"]
 
 
 def choice_under_budget(plan: Plan, budget_fraction: float) -> str:
@@ -76,9 +79,10 @@ def choice_under_budget(plan: Plan, budget_fraction: float) -> str:
     baseline's peak, or, where none of its measured candidates fits, that none does and the
     smallest peak measured (a plan cut short by its time budget may not have measured the
     splits that fit)."""
+    budget = _budget_bytes(plan, budget_fraction)  # a fraction that is no budget is refused, not reported as none fitting
     try:
-        return rechoose(plan, budget_fraction=budget_fraction).chosen["candidate"]
-    except ValueError:
+        return plan.rechoose(memory_budget_bytes=budget).chosen["candidate"]
+    except ValueError:  # no measured candidate fits the budget
         measured = [row for row in plan.rows if row["peak_memory_bytes"] is not None]
         smallest = min(measured, key=lambda row: row["peak_memory_bytes"])
         return (f"none of the measured candidates fits (the smallest peak, {smallest['candidate']}'s, is "
