@@ -55,12 +55,15 @@ def test_without_a_budget_the_plan_is_never_slower_than_fp32_and_leaves_the_mode
     assert not any(row["compile"] for row in result.rows)  # not tried on a CPU by default
     assert all(row["loss_rel_diff"] < 0.05 for row in result.rows)
     assert "Chose" in result.explain() and result.config.name == "auto"
-    # stage 1 (2 windows; no near ties: the intervals are apart), then the speed option beside the
-    # best of stage 1 (2 more); every round with the baseline, every window paired with its
-    assert rows["fp32, k=2, fused optimizer"]["timed_windows"] == 2
-    assert rows["fp32, k=2"]["timed_windows"] == rows["fp32, k=1"]["timed_windows"] == fake.timed["fp32, k=1"] == 4
+    # stage 1 (2 windows), then the speed option beside the best of stage 1 (2 more); then the race:
+    # a round, after which k=2 (3 rounds shared with the fused one) is slower beyond the noise and
+    # dropped; every round with the baseline, every window paired with its
+    assert rows["fp32, k=2, fused optimizer"]["timed_windows"] == 3 == fake.timed["fp32, k=2, fused optimizer"]
+    assert rows["fp32, k=2"]["timed_windows"] == rows["fp32, k=1"]["timed_windows"] == fake.timed["fp32, k=1"] == 5
+    assert rows["fp32, k=2"]["rejected_because"].startswith("dropped from the race after 3 shared rounds: 0.667x")
+    assert any(note.startswith("Raced 1 round(s) after the first estimates (decided)") for note in result.notes)
     # where planning time went, by stage: checkpointing not tried (memory does not count)
-    assert list(result.stage_s) == ["precision x split", "speed options"]
+    assert list(result.stage_s) == ["precision x split", "speed options", "race"]
     assert 0 < sum(result.stage_s.values()) <= result.planning_s
     assert "Planning took" in result.explain() and "(precision x split " in result.explain()
 
@@ -663,20 +666,41 @@ def test_the_baseline_running_out_of_memory_alone_is_raised(monkeypatch):
         _plan(ks=(1, 2))
 
 
-def test_candidates_within_the_noise_of_the_best_are_timed_once_more_before_the_speed_options(monkeypatch):
-    # k=2 and k=4 in fp32 near each other, both noisy; the rest slow
+def test_the_race_drops_what_is_slower_beyond_the_noise_and_races_near_ties_to_its_end(monkeypatch):
+    # k=2 and k=4 in fp32 near each other, both noisy; k=8 slower; bf16 slower than the baseline
     use_fake_windows(monkeypatch, {"fp32, k=1": [10.0], "fp32, k=2": [20.0, 13.0, 16.0],
                                    "fp32, k=4": [19.0, 14.0, 15.0], "fp32, k=8": [12.0, 11.0, 11.5]}, default=[5.0])
     result = plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
-                  windows=3, steps_per_window=1, speed_options=False)
+                  windows=3, steps_per_window=1, speed_options=False, time_budget_s=None)
     rows = {row["candidate"]: row for row in result.rows}
-    # after the first round k=2's interval still reaches the baseline's cost: tied with it, the baseline
-    # is the choice so far, and the two are timed again; then k=2 is apart from it, k=4 tied with k=2:
-    # those two (and the baseline, in every group) timed once more before the tie rule chooses; k=8,
-    # apart, is not timed again
-    assert [rows[name]["timed_windows"] for name in ("fp32, k=1", "fp32, k=2", "fp32, k=4", "fp32, k=8")] == [9, 9, 6, 3]
+    # k=8 is dropped once its ratio to the best, paired over the rounds both ran, is wholly below 1
+    # (after 4: the first estimate's 3 and one round of the race); k=2 and k=4, never apart, are raced
+    # until each has RACE_MAX_ROUNDS windows, with the baseline in every round; the tie rule then chooses
+    from trainopt_core.planner.stages import RACE_MAX_ROUNDS
+
+    assert [rows[name]["timed_windows"] for name in ("fp32, k=1", "fp32, k=2", "fp32, k=4", "fp32, k=8")] == [
+        RACE_MAX_ROUNDS, RACE_MAX_ROUNDS, RACE_MAX_ROUNDS, 4]
+    assert rows["fp32, k=8"]["rejected_because"].startswith("dropped from the race after 4 shared rounds")
     assert rows["fp32, k=4"]["rejected_because"].startswith("tied with the choice")
     assert all(row["timed_windows"] == 3 for name, row in rows.items() if name.startswith("bf16"))
+    assert result.chosen["candidate"] == "fp32, k=2"
+    assert any(note.startswith(f"Raced {RACE_MAX_ROUNDS - 3} round(s) after the first estimates (every survivor had "
+                               f"{RACE_MAX_ROUNDS} windows); dropped as slower beyond the noise: fp32, k=8 (after 4)")
+               for note in result.notes)
+
+
+def test_a_race_pairs_its_rounds_so_that_a_drift_common_to_both_cancels(monkeypatch):
+    """The machine slows down and speeds up again every other round (load coming and going): each
+    candidate's own interval is wide, its ratio to the other in the same round is not. Paired
+    round by round, k=2 (1.2x k=4 in every round) wins, and k=4 is dropped after 3 shared rounds."""
+    use_fake_windows(monkeypatch, {"fp32, k=1": [10.0, 4.0], "fp32, k=2": [24.0, 9.6], "fp32, k=4": [20.0, 8.0]},
+                     default=[2.0])
+    result = plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
+                  windows=2, steps_per_window=1, speed_options=False, ks=(1, 2, 4), time_budget_s=None)
+    rows = {row["candidate"]: row for row in result.rows}
+    own = [1.0 / r for r in (20.0, 8.0, 20.0)]  # k=4's seconds per sample swing 2.5x from round to round
+    assert max(own) / min(own) == pytest.approx(2.5)
+    assert rows["fp32, k=4"]["rejected_because"].startswith("dropped from the race after 3 shared rounds: 0.833x")
     assert result.chosen["candidate"] == "fp32, k=2"
 
 
@@ -787,21 +811,27 @@ def test_the_default_timing_on_cuda_is_sized_to_the_baseline_step(step_s, given,
     assert sized_timing(step_s, *given) == expected
 
 
-def test_a_timing_left_to_the_device_is_sized_once_from_the_baseline_and_said(monkeypatch):
-    # off CUDA plan() uses 3 x 2; here the CPU is made to size its timing as CUDA does
-    import trainopt_core.planner as planner
+@pytest.mark.parametrize("step_s, expected", [
+    (0.3, (2, 1)),      # the quick ResNet on a 2-core CPU: one step a window, two windows a first estimate
+    (0.1, (2, 1)),
+    (0.03, (2, 4)),     # short steps: as many as fill 0.1 s
+    (0.0, (2, 20)),     # capped
+])
+def test_off_cuda_windows_are_one_step_where_a_step_takes_a_tenth_of_a_second(step_s, expected):
+    from trainopt_core.planner.search import sized_timing
 
-    monkeypatch.setattr(planner, "CPU_TIMING", (None, None))
+    assert sized_timing(step_s, None, None, "cpu") == expected
+
+
+def test_a_timing_left_to_the_device_is_sized_once_from_the_baseline_and_said():
     result = plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
                   ks=(1, 2), speed_options=False, time_budget_s=None)
     (note,) = [n for n in result.notes if n.startswith("Timing: ")]
     windows, steps = (int(word) for word in note.split()[1:5:3])
-    # this small MLP's step is far under 0.1 s: 5 windows, of as many steps as fill 0.25 s up to the
-    # cap (20 on an idle 2-core CPU, 14 with the CPU shared: the mapping is tested above)
-    assert windows == 5 and 2 <= steps <= 20
-    assert "sized to the fp32 baseline's" in note
-    # every round of timing has that many windows (a near tie is timed in a second round)
-    assert all(row["timed_windows"] and row["timed_windows"] % windows == 0 for row in result.rows)
+    # off CUDA: a first estimate of 2 windows, each of as many steps as fill 0.1 s (this small MLP's
+    # step is far under it: up to the cap of 20; one step where a step takes 0.1 s or more)
+    assert windows == 2 and 1 <= steps <= 20
+    assert "sized to the fp32 baseline's" in note and "then raced" in note
     with pytest.raises(ValueError, match=r"steps_per_window=0 is invalid: allowed None \(sized to the device\)"):
         plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
              steps_per_window=0)

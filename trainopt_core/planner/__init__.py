@@ -78,10 +78,10 @@ from .arguments import check_arguments
 from .choice import pareto_front
 from .contention import threads_the_cpu_can_run
 from .result import Plan
-from .search import CPU_TIMING, Search
+from .search import Search
 from .space import COMPILE_ON_CPU, Candidate, native_reduced_precisions
 from .stages import (COMPILE_FLOOR_S, MAX_CHECKPOINTED, MAX_ZERO, Planning, checkpointing, finish, precision_and_split,
-                     settle, speed_options as speed_options_stage, zero_stage)
+                     race, speed_options as speed_options_stage, zero_stage)
 from ..config import OptimizationConfig
 
 TIME_BUDGET_S = 60.0  # plan()'s default planning time budget (the reproduction's profiles set their own)
@@ -171,8 +171,6 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
                                planning_memory_bytes=planning_memory_bytes, progress=progress, base=base,
                                optimizer_takes_model=optimizer_takes_model, time_budget_s=time_budget_s)
     device = resolved.device
-    if device.type != "cuda":
-        windows, steps_per_window = windows or CPU_TIMING[0], steps_per_window or CPU_TIMING[1]
     search = Search(model, optimizer_factory, batch, loss_fn, device, memory_budget_bytes, windows, steps_per_window,
                     progress, loss_takes_model, run_samples, planning_memory_bytes, optimizer_takes_model, time_budget_s)
     planning = Planning(search=search, memory_budget_bytes=memory_budget_bytes, weights=resolved.weights,
@@ -182,7 +180,7 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     if search.energy_source is None and resolved.weights[2] > 0:
         planning.notes.append(f"Energy weight {resolved.weights[2]} not used: {search.energy_unavailable}.")
     with threads_the_cpu_can_run(device, planning.notes):
-        for stage in (precision_and_split, zero_stage, checkpointing, speed_options_stage, settle):
+        for stage in (precision_and_split, zero_stage, checkpointing, speed_options_stage, race):
             stage(planning)
         return finish(planning)
 

@@ -68,10 +68,19 @@ def compiling_words(row: dict) -> str:
             f"{row['compile_s']:.1f} s cold)")
 
 
-def measured_part(row: dict) -> dict:
-    """A row without what `choose` decides (so a choice can be made again)."""
-    out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None, speedup_over_run=None)
-    if out["rejected_because"] and not out["rejected_because"].startswith(("pruned", "out of memory", "quality", "failed", "not measured", "not timed")):
+# how a row dropped from the race (`stages.race`) says so
+DROPPED = "dropped from the race"
+
+
+def measured_part(row: dict, keep_dropped: bool = False) -> dict:
+    """A row without what `choose` decides (so a choice can be made again). A candidate dropped
+    from the race stays dropped while planning (`keep_dropped`); `Plan.rechoose` under another
+    budget or weights lets it compete again on its intervals (it lost to a candidate that may not
+    fit the new budget)."""
+    out = dict(row, feasible=False, chosen=False, cost=None, cost_ci_low=None, cost_ci_high=None, speedup_over_run=None,
+               cost_vs_yours_high=None)
+    kept = ("pruned", "out of memory", "quality", "failed", "not measured", "not timed") + ((DROPPED,) if keep_dropped else ())
+    if out["rejected_because"] and not out["rejected_because"].startswith(kept):
         out["rejected_because"] = None
     return out
 
@@ -161,12 +170,17 @@ def _tie_reason(chosen: dict, other: dict, base: dict) -> str:
     return "the same changes from the base and peak memory: by name"
 
 
-def wholly_below(row: dict, other: dict) -> bool:
-    """Whether `row`'s eq. 3 cost interval lies wholly below `other`'s (a row timed in one window,
-    without an interval, counts as its point)."""
+def wholly_below(row: dict, other: dict, margin: float = 0.0) -> bool:
+    """Whether `row`'s eq. 3 cost interval lies wholly below `other`'s by more than `margin` (a
+    fraction: its high end times 1 + margin below). Against the caller's configuration, where the
+    two were timed in the same rounds, `row`'s interval is the one paired with it round by round
+    (`cost_vs_yours_high`, at yours' point cost); otherwise each row's own interval (a row timed in
+    one window, without one, counts as its point)."""
+    if other.get("yours") and row.get("cost_vs_yours_high") is not None:
+        return row["cost_vs_yours_high"] * (1.0 + margin) < other["cost"]
     high = row["cost_ci_high"] if row.get("cost_ci_high") is not None else row["cost"]
     low = other["cost_ci_low"] if other.get("cost_ci_low") is not None else other["cost"]
-    return high < low
+    return high * (1.0 + margin) < low
 
 
 def baseline_row(rows) -> dict:
@@ -197,9 +211,10 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     if yours is None:
         best, tied = tie_broken(min(feasible, key=lambda row: row["cost"]), feasible, base, margin)
     else:
+        _costs_against_yours(feasible, yours, base, weights, run_samples)
         best, tied = keep_or_replace_yours(feasible, yours, notes, margin)
     best["chosen"] = True
-    notes += _why_the_others_lost(feasible, best, yours, tied, yours or base)
+    notes += _why_the_others_lost(feasible, best, yours, tied, yours or base, margin)
     if len(tied) > 1:
         notes.append(f"Tied (each within the lowest cost's timing noise{f', or within {100 * margin:g} % of it' if margin else ''}): "
                      f"{'; '.join(repr(row['candidate']) for row in sorted(tied, key=lambda row: row['cost']))}; "
@@ -229,33 +244,22 @@ def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str],
     a candidate's eq. 3 cost interval lies wholly below its own -- by the lowest-cost of those, or,
     where others of them are within its noise, by `TIE_RULE` among them -- and otherwise kept:
     every candidate not worse than yours is then within its timing noise (a lower point cost inside
-    overlapping intervals is a tie, and a tie keeps yours). Returns (the choice, its tie)."""
-    below = [row for row in feasible if row is not yours and wholly_below(row, yours)]
+    overlapping intervals is a tie, and a tie keeps yours). With a `margin` (`TIE_MARGIN`: how far
+    the same ratios move between sittings of one kind of machine) the interval must lie below
+    yours by more than it, as a tie among candidates reaches that far too. Returns (the choice, its tie)."""
+    below = [row for row in feasible if row is not yours and wholly_below(row, yours, margin)]
     if below:
         return tie_broken(min(below, key=lambda row: row["cost"]), below, yours, margin)
     tied = sorted((row for row in feasible if row is not yours and row["cost"] < yours["cost"]),
                   key=lambda row: row["cost"])
     if tied:
+        beyond = f" by more than {100 * margin:g} %" if margin else ""
         notes.append(f"Kept your configuration ({yours['candidate']}, eq. 3 cost {_cost_interval(yours)}): no candidate's "
-                     "cost interval lies wholly below it; "
+                     f"cost interval lies wholly below it{beyond}; "
                      + "; ".join(f"{row['candidate']} ({_cost_interval(row)})" for row in tied)
                      + f" {'has' if len(tied) == 1 else 'have'} a lower point cost within its timing noise, and a tie "
                        "keeps yours.")
     return yours, [yours]
-
-
-def deciding_rows(rows: list[dict], most: int = 3) -> list[dict]:
-    """After `choose`: the rows that decide the choice -- the choice, yours (`plan(base=...)`)
-    where feasible, and up to `most` candidates that could take its place, the lowest cost first:
-    those within the choice's timing noise, and those with a lower point cost than yours within
-    yours."""
-    chosen = next(row for row in rows if row.get("chosen"))
-    yours = next((row for row in rows if row.get("yours") and row["feasible"] and row is not chosen), None)
-    contenders = sorted((row for row in rows if row["feasible"] and row is not chosen and row is not yours
-                         and (cost_intervals_overlap(row, chosen)
-                              or (yours is not None and row["cost"] < yours["cost"] and cost_intervals_overlap(row, yours)))),
-                        key=lambda row: row["cost"])
-    return [chosen] + ([yours] if yours else []) + contenders[:most]
 
 
 def _feasible(rows: list[dict], budget: float | None, min_k: int) -> tuple[list[dict], bool]:
@@ -334,8 +338,31 @@ def _eq3_costs(feasible: list[dict], base: dict, weights: tuple, speed) -> None:
             row["cost_ci_low"], row["cost_ci_high"] = sorted(eq3(row, end) for end in ends)
 
 
+def cost_at(row: dict, speedup: float, base: dict, weights: tuple, run_samples, energy: bool) -> float:
+    """`row`'s eq. 3 cost were its speedup over the fp32 baseline (`base`) `speedup` (its compiling
+    spread over the run where `run_samples` is given); energy counted where `energy`."""
+    reference = {"time_to_target_s": 1.0, "peak_memory_bytes": base["peak_memory_bytes"],
+                 "energy_j": base["energy_j_per_sample"] if energy else None}
+    speed = over_run(row, speedup, base.get("seconds_per_sample"), run_samples)
+    return cost(1.0 / speed, row["peak_memory_bytes"], row["energy_j_per_sample"] if energy else None,
+                baseline=reference, weights=weights)["cost"]
+
+
+def _costs_against_yours(feasible: list[dict], yours: dict, base: dict, weights: tuple, run_samples) -> None:
+    """Each row's eq. 3 cost at the slow end of its speed paired with yours round by round
+    (`vs_yours_ci_low`, set by the planner where the two were timed in the same rounds), yours'
+    speed at its point: `cost_vs_yours_high`, what `wholly_below` compares with yours' cost."""
+    with_energy = all(row["energy_j_per_sample"] is not None for row in feasible + [base])
+    for row in feasible:
+        row["cost_vs_yours_high"] = None
+        if row is yours or row.get("vs_yours_ci_low") is None or not yours.get("speedup"):
+            continue
+        row["cost_vs_yours_high"] = cost_at(row, yours["speedup"] * row["vs_yours_ci_low"], base, weights, run_samples,
+                                            with_energy)
+
+
 def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None, tied: list[dict],
-                         origin: dict) -> list[str]:
+                         origin: dict, margin: float = 0.0) -> list[str]:
     """Each feasible row but the choice gets the reason it lost, true of its numbers (`origin`: the
     base the tie rule counts changes from); returns the note naming those within the choice's
     timing noise."""
@@ -358,11 +385,15 @@ def _why_the_others_lost(feasible: list[dict], best: dict, yours: dict | None, t
             if noisy:
                 row["rejected_because"] += (f"; within the timing noise: 95 % intervals {_cost_interval(row)} vs "
                                             f"{_cost_interval(best)} overlap")
-        elif best is yours:
+        elif best is yours and (noisy or not margin):
             row["rejected_because"] = (f"lower point cost than yours ({costs_apart(row['cost'], best['cost'])}) but "
                                        f"within its timing noise: intervals {_cost_interval(row)} vs {_cost_interval(best)} "
                                        "overlap; a tie keeps yours")
-        elif yours is not None and not wholly_below(row, yours):
+        elif best is yours:
+            row["rejected_because"] = (f"lower point cost than yours ({costs_apart(row['cost'], best['cost'])}) but not "
+                                       f"by more than {100 * margin:g} % beyond its timing noise (the same ratios move "
+                                       "about that much between sittings of one kind of machine); a tie keeps yours")
+        elif yours is not None and not wholly_below(row, yours, margin):
             row["rejected_because"] = (f"lower point cost than the choice ({costs_apart(row['cost'], best['cost'])}) "
                                        f"but its interval {_cost_interval(row)} is not wholly below yours "
                                        f"({_cost_interval(yours)}), as the choice's is: within your configuration's "

@@ -71,11 +71,13 @@ class Plan:
 
     @property
     def fell_back(self) -> bool:
-        """Whether the plan could time nothing but the fp32 baseline (the time budget spent, or
-        every other candidate failing), so that it chose the baseline without comparing it."""
+        """Whether the plan could time nothing but the fp32 baseline and yours (`plan(base=...)`):
+        the time budget spent, or every other candidate failing, so that it compared nothing else
+        (and kept yours, or the baseline without a base). A reproduction plans again rather than
+        reuse such a plan."""
         base = self.baseline.get("candidate")
         return all(row.get("speedup") is None for row in self.rows
-                   if row is not self.baseline and row.get("candidate") != base)
+                   if row is not self.baseline and row.get("candidate") != base and not row.get("yours"))
 
     def frame(self):
         import pandas as pd

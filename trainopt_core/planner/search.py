@@ -37,8 +37,8 @@ from .choice import choose, cost_intervals_overlap, measured_part, tie_margin
 from .memory_model import block_inputs_bytes, calibrate, default_capacity_bytes, partitionable_bytes, predict
 from .ranks import Ranks
 from .space import Candidate, candidate_of
-from .timing import (CPU_TIMING, MAX_STEPS_PER_WINDOW, SHORT_STEP_S, WINDOW_TARGET_S, Timing,  # noqa: F401
-                     is_out_of_memory, release, sized_timing)
+from .timing import (CPU_WINDOW_S, FIRST_WINDOWS, MAX_STEPS_PER_WINDOW, SHORT_STEP_S, WINDOW_TARGET_S,  # noqa: F401
+                     Timing, is_out_of_memory, release, sized_timing)
 from .trial import Trial
 
 PRUNE_MARGIN = 1.25       # a prediction this far over the budget is not worth measuring
@@ -85,6 +85,10 @@ class Search(Timing):
         self.rebuilt = 0  # copies built again after being released for room
         # every timing window of a candidate, each with the baseline's window of the same round
         self.windows_timed: dict[Candidate, tuple[list[float], list[float]]] = {}
+        # each candidate's rate by round number (`Timing.paired_between` pairs any two by round)
+        self.round_rates: dict[Candidate, dict[int, float]] = {}
+        self.round_number = 0
+        self.rounds_wanted: int | None = None
         self.calibration = None
         self.compile_s = 0.0
         self.compiled_modes: set[str] = set()  # torch.compile modes this search compiled graphs in
@@ -161,6 +165,8 @@ class Search(Timing):
                 sizes = [key for key in self.calibration if key.endswith(("_bytes", "_per_sample", "_fraction"))]
                 self.calibration.update(zip(sizes, self.ranks.max([self.calibration[key] for key in sizes])))
                 row["predicted_memory_bytes"] = predict(self.calibration, candidate, self.size, self.ranks.world_size)
+                self.trials[candidate] = trial
+                self.timing()  # windows sized to its step now, so that the budget's estimates use them
             self.trials[candidate] = trial
             self.first_loss[candidate] = self.ranks.mean([trial.first_loss])[0]
             ran.append(candidate)
@@ -241,11 +247,13 @@ class Search(Timing):
 
     def measure_estimate_s(self, candidate: Candidate) -> float:
         """The seconds the time budget expects building and measuring `candidate` to take (the
-        slowest such measurement so far; a compiled one's compiling on top), and then timing it in
-        two rounds of windows beside the baseline and the other candidates measured but not yet timed."""
+        last such measurement's; a compiled one's compiling on top), and then timing it in its first
+        windows beside the baseline and the other candidates measured but not yet timed."""
         compiling = max([COMPILE_EXPECTED_S] + [r["compile_s"] or 0.0 for r in self.rows.values()]) if candidate.compile else 0.0
         untimed = [Candidate()] + [c for c in self.held_bytes if c != Candidate() and not self.windows_timed.get(c)]
-        return max(self.measure_s, default=0.0) + compiling + min(2, self.windows or 2) * self.round_s(untimed + [candidate])
+        # the last measurement's seconds (the baseline's, the first, also built the memory model)
+        measuring = self.measure_s[-1] if self.measure_s else 0.0
+        return measuring + compiling + min(FIRST_WINDOWS, self.windows or FIRST_WINDOWS) * self.round_s(untimed + [candidate])
 
     def _built(self, candidate: Candidate, batch=None) -> tuple[Trial, float]:
         """A new copy of the candidate after one warm-up step (optimizer state allocated, kernels
@@ -304,9 +312,26 @@ class Search(Timing):
         for candidate in group:  # most recently used last
             self.trials[candidate] = self.trials.pop(candidate)
 
+    def pair_with_yours(self) -> None:
+        """Each timed row's speed over the caller's configuration's (`plan(base=...)`), paired round
+        by round (`vs_yours`, `vs_yours_ci_low`, `vs_yours_ci_high`, `vs_yours_rounds`; None where
+        the two share fewer than two rounds). Where yours is the fp32 baseline, its speedup is that."""
+        yours = next((c for c, row in self.rows.items() if row.get("yours")), None)
+        if yours is None:
+            return
+        for candidate, row in self.rows.items():
+            paired = None if candidate == yours or row["speedup"] is None else self.paired_between(candidate, yours)
+            if candidate != yours and yours == Candidate() and row["speedup"] is not None:
+                paired = {"mean": row["speedup"], "ci_low": row["speedup_ci_low"], "ci_high": row["speedup_ci_high"],
+                          "n": row["timed_windows"]}
+            row.update(vs_yours=paired and paired["mean"], vs_yours_ci_low=paired and paired["ci_low"],
+                       vs_yours_ci_high=paired and paired["ci_high"], vs_yours_rounds=paired and paired["n"])
+
     def chosen_rows(self, weights, min_k: int) -> list[dict] | None:
-        """The rows measured so far with eq. 3's choice marked on them (None when nothing fits yet)."""
-        rows = [measured_part(row) for row in self.rows.values()]
+        """The rows measured so far with eq. 3's choice marked on them (None when nothing fits yet);
+        those dropped from the race stay out."""
+        self.pair_with_yours()
+        rows = [measured_part(row, keep_dropped=True) for row in self.rows.values()]
         try:
             choose(rows, self.budget, weights, min_k=min_k, run_samples=self.run_samples,
                    margin=tie_margin(self.device.type))

@@ -1,7 +1,7 @@
 """The stages of one `plan()` call, in order (the package docstring says what each measures):
 precision × split, the ZeRO stage (more than one process), checkpointing (where memory counts),
-speed options, the candidates that decide the choice timed again where they have fewer windows,
-then the choice (`choice.choose`) and the returned `Plan`. Each stage reads and
+speed options -- each a first estimate of its candidates -- then the race among what can still
+win (`race`), then the choice (`choice.choose`) and the returned `Plan`. Each stage reads and
 extends one `Planning`: the measurements (`search`), the notes, where the time went, and the
 best candidate so far."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..compose import deepspeed_available
 from ..config import OptimizationConfig
 from .adaptive import adaptive_config, measure_goodput
-from .choice import choose, deciding_rows, helps, pareto_front, tie_margin
+from .choice import DROPPED, choose, cost_at, helps, pareto_front, tie_margin, wholly_below
 from .memory_model import predict, zero_saving_bytes
 from .result import Plan
 from .search import Search
@@ -27,6 +27,11 @@ MAX_ZERO = 4              # ZeRO candidates measured at most (the best's twins f
 # Compiling took 18-61 s from a cold cache on 2-core CPUs (COMPILE_ON_CPU) and 39.5 s for ResNet-50 on
 # an H100: a run shorter than this cannot earn a compile back, so it is not tried there
 COMPILE_FLOOR_S = 10.0
+RACE_MAX_ROUNDS = 20      # the race ends where every survivor has this many windows (without a time budget, its end)
+MIN_ROUNDS_TO_DROP = 3    # shared rounds before a candidate can be dropped on its paired ratio (t = 4.3 at 3)
+# shared rounds before the best is taken as unable to replace yours (its interval over yours not
+# reaching past the margin): a few short windows read a true 1.16x as under 1.05x in a smoke plan
+MIN_ROUNDS_TO_KEEP = 8
 
 
 @dataclass
@@ -114,10 +119,7 @@ def precision_and_split(p: Planning) -> None:
             p.stage1.sort(key=lambda c: c != Candidate() and c.precision != yours.precision)
         p.first += search.measure_memory(p.stage1)
     p.first = list(dict.fromkeys(p.first))
-    search.time(p.first)
-    tied = search.near_ties(weights=p.weights, min_k=p.min_k)
-    if tied:  # the speed options build on one of them: more windows for those within the noise first
-        search.time(tied)
+    search.time(p.first)  # a first estimate: the race (the last stage) gives rounds to those that can win
     p.choose_again()
     p.lap("precision x split")
 
@@ -273,23 +275,84 @@ def _compile_finalist(p: Planning, options_of) -> None:
         p.choose_again()
 
 
-def settle(p: Planning) -> None:
-    """Before the choice: the candidates that decide it (the choice, yours, those that could take
-    its place: `choice.deciding_rows`) are timed once more together where some of them were timed
-    in fewer windows than another (a candidate timed in few windows does not decide on its wide
-    interval, nor lose on it) or where others are within the choice's timing noise (the tie rule,
-    `choice.TIE_RULE`, then chooses on more windows) -- where the budget leaves room for a round."""
-    rows = p.search.chosen_rows(p.weights, p.min_k)
-    if rows is None:
-        return
-    deciding = deciding_rows(rows)
-    most = max(row["timed_windows"] for row in deciding)
-    few = [row for row in deciding if row["timed_windows"] < most]
-    if (few or len(deciding) > 1) and not p.out_of_time("timing again the candidates that decide the choice"):
-        again = [deciding[0]] + [row for row in deciding if row.get("yours")] + (few or deciding[1:])
-        p.search.time([candidate_of(row) for row in again])
-        p.choose_again()
-        p.lap("timed again")
+def race(p: Planning) -> None:
+    """The last stage, a race (F-Race's way, with paired rounds): every candidate still in it is
+    timed once per round together with the fp32 baseline and yours (`plan(base=...)`); after each
+    round a candidate whose speed over the best's (the lowest eq. 3 cost), paired round by round
+    over at least `MIN_ROUNDS_TO_DROP` shared rounds, has a 95 % interval wholly on the slow side
+    -- its eq. 3 cost above the best's even at the interval's fast end -- is dropped. The race goes
+    on while a round fits in the time budget, more than one candidate survives besides the baseline
+    and yours, or the best against yours is not decided (replaced beyond the margin, or cannot be),
+    and no survivor has `RACE_MAX_ROUNDS` windows. The baseline and yours are never dropped: every
+    speedup is paired with the baseline, and yours is kept or replaced on its own pairing."""
+    search = p.search
+    yours = next((c for c, row in p.rows.items() if row.get("yours")), None)
+    pinned = [Candidate()] + ([yours] if yours is not None and yours != Candidate() else [])
+    raced, why_stopped = 0, None
+    while True:
+        rows = search.chosen_rows(p.weights, p.min_k)
+        if rows is None:
+            return
+        feasible = {candidate_of(row): row for row in rows if row["feasible"]}
+        lowest = min(feasible, key=lambda c: feasible[c]["cost"])
+        _drop_the_slow(p, feasible, lowest, pinned)
+        racing = [c for c in feasible if not (p.rows[c]["rejected_because"] or "").startswith(DROPPED)]
+        if _settled(feasible, racing, lowest, yours, pinned, tie_margin(search.device.type)):
+            why_stopped = "decided"
+            break
+        timed = list(dict.fromkeys(pinned + racing))
+        if min(p.rows[c]["timed_windows"] for c in racing) >= RACE_MAX_ROUNDS:
+            why_stopped = f"every survivor had {RACE_MAX_ROUNDS} windows"
+            break
+        if not search.ranks.all(search.time_budget.allows(search.round_s(timed))):
+            why_stopped = "the time budget had no room for another round"
+            break
+        search.time(timed, rounds=1)
+        raced += 1
+    dropped = [(c, p.rows[c]["timed_windows"]) for c in p.rows if (p.rows[c]["rejected_because"] or "").startswith(DROPPED)]
+    survivors = [c for c in racing if c not in pinned or c == lowest]
+    p.notes.append(f"Raced {raced} round(s) after the first estimates ({why_stopped}); "
+                   + (f"dropped as slower beyond the noise: {'; '.join(f'{c.name} (after {n})' for c, n in dropped)}; "
+                      if dropped else "none dropped; ")
+                   + "still in the race: " + "; ".join(f"{c.name} ({p.rows[c]['timed_windows']} windows)"
+                                                      for c in dict.fromkeys(survivors + pinned)) + ".")
+    p.lap("race")
+
+
+def _drop_the_slow(p: Planning, feasible: dict, lowest: Candidate, pinned: list) -> None:
+    """Marks dropped (in the search's rows) each candidate but the pinned whose eq. 3 cost, at the
+    fast end of its speed's interval paired with `lowest`'s round by round, is above `lowest`'s."""
+    search, best = p.search, feasible[lowest]
+    for candidate, row in feasible.items():
+        if candidate == lowest or candidate in pinned:
+            continue
+        paired = search.paired_between(candidate, lowest)
+        if paired is None or paired["n"] < MIN_ROUNDS_TO_DROP or paired["ci_high"] is None:
+            continue
+        fast_end = cost_at(row, best["speedup"] * paired["ci_high"], search.rows[Candidate()], p.weights,
+                           p.run_samples, energy=all(r["energy_j_per_sample"] is not None for r in feasible.values()))
+        if fast_end > best["cost"]:
+            search.rows[candidate]["rejected_because"] = (
+                f"{DROPPED} after {paired['n']} shared rounds: {paired['mean']:.3f}x the speed of {lowest.name}, paired "
+                f"round by round, 95 % interval {paired['ci_low']:.3f}-{paired['ci_high']:.3f}; its eq. 3 cost even at "
+                f"the interval's fast end ({fast_end:.3f}) is above {lowest.name}'s ({best['cost']:.3f})")
+
+
+def _settled(feasible: dict, racing: list, lowest: Candidate, yours, pinned: list, margin: float) -> bool:
+    """Whether more rounds cannot change the choice: no candidate but the best (and the pinned)
+    survives, and, with yours, the best either replaces it beyond the margin or cannot (its speed
+    over yours' interval reaches no further than the margin, over `MIN_ROUNDS_TO_KEEP` rounds)."""
+    if any(c != lowest and c not in pinned for c in racing):
+        return False
+    if yours is None or lowest == yours:
+        return True
+    best, mine = feasible[lowest], feasible.get(yours)
+    if mine is None:
+        return True
+    if wholly_below(best, mine, margin):
+        return True
+    high, rounds = best.get("vs_yours_ci_high"), best.get("vs_yours_rounds") or 0
+    return high is not None and high <= 1.0 + margin and rounds >= MIN_ROUNDS_TO_KEEP
 
 
 def finish(p: Planning) -> Plan:
@@ -317,6 +380,7 @@ def finish(p: Planning) -> Plan:
     if search.timing_note:
         p.notes.append(search.timing_note)
     rows = list(search.rows.values())
+    search.pair_with_yours()
     try:
         p.notes += choose(rows, p.memory_budget_bytes, p.weights, min_k=p.min_k, run_samples=p.run_samples,
                           margin=tie_margin(search.device.type))
@@ -326,9 +390,20 @@ def finish(p: Planning) -> Plan:
         raise ValueError(f"{error}; not tried (at most {MAX_CHECKPOINTED} checkpointed candidates are measured): "
                          + "; ".join(c.name for c in p.never_tried)) from error
     chosen = next(row for row in rows if row.get("chosen"))
-    if all(row["speedup"] is None for row in rows if row["candidate"] != Candidate().name):
-        p.notes.insert(0, "Fell back to the fp32 baseline: within the planning time budget nothing else could be "
-                          "timed beside it, so nothing was compared (time_budget_s; planned on a busy machine?).")
+    yours = next((row for row in rows if row.get("yours")), None)
+    if all(row["speedup"] is None for row in rows if row["candidate"] != Candidate().name and not row.get("yours")):
+        if yours is None or yours["candidate"] == Candidate().name:
+            p.notes.insert(0, "Fell back to the fp32 baseline: within the planning time budget nothing else could be "
+                              "timed beside it, so nothing was compared (time_budget_s; planned on a busy machine?)."
+                              + (" It is your configuration, kept." if yours is not None else ""))
+        else:  # a plan that compared nothing keeps yours: never the baseline in its place on a timing this thin
+            if chosen is not yours:
+                chosen["chosen"], yours["chosen"] = False, True
+                chosen["rejected_because"] = "not chosen: the plan fell back, and a plan that fell back keeps yours"
+                yours["rejected_because"], chosen = None, yours
+            p.notes.insert(0, f"Fell back to your configuration ({yours['candidate']}): within the planning time budget "
+                              "no other candidate could be timed beside it and the fp32 baseline, so nothing was "
+                              "compared and yours is kept (time_budget_s; planned on a busy machine?).")
     budget_note = search.time_budget.note()
     if budget_note:
         noisy = [row["candidate"] for row in rows if "timing noise" in (row["rejected_because"] or "")]

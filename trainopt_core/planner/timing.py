@@ -3,10 +3,17 @@ fp32 baseline's window of the same round, in groups whose copies fit in the devi
 together, within the planning time budget (`budget.TimeBudget`).
 
 A timing call runs its windows one round at a time (every candidate of the group once, the order
-rotated each round). A candidate not timed before gets at least two windows (an interval needs
-two); every further round runs only where the last one's seconds fit in what is left of the
-budget, and a round of re-timing (near ties, a candidate timed in fewer windows) only where one
-round is expected to fit. What the budget cut short is said in the plan's notes.
+rotated each round). Every round has a number, and each candidate's rate is kept by round
+(`round_rates`), so any two candidates timed in the same rounds can be compared pair by pair
+(`paired_between`): the race (`stages.race`) drops a candidate on its ratio to the best over the
+rounds both ran, not on two intervals each widened by the baseline's noise. A candidate not timed
+before gets at least two windows (an interval needs two); every further round runs only where the
+last one's seconds fit in what is left of the budget. What the budget cut short is said in the
+plan's notes.
+
+Windows are short: on a CPU one step where a step takes >= `CPU_WINDOW_S` (enough steps to reach it
+otherwise), so that the budget buys many paired rounds, not a few long ones -- two windows give an
+interval with one degree of freedom (t = 12.7), useless below ~2x; twelve give t = 2.2.
 
 `Timing` is the timing half of `search.Search`, which builds the copies and measures memory."""
 from __future__ import annotations
@@ -29,7 +36,9 @@ from .space import Candidate
 # narrowed them to +-5-10 % and chose bf16 with them (2.72x). GPT-2 124M's steps (0.2-0.65 s)
 # keep 3 windows of 2 steps, whose intervals were already +-1 %.
 WINDOW_TARGET_S, SHORT_STEP_S, MAX_STEPS_PER_WINDOW = 0.25, 0.1, 20
-CPU_TIMING = (3, 2)  # windows, steps per window: CPU steps are long, and planning time counts
+# off CUDA: windows of at least CPU_WINDOW_S (one step where a step takes that long), and two
+# windows for a first estimate; the race (stages.race) adds rounds to the candidates that can still win
+CPU_WINDOW_S, FIRST_WINDOWS = 0.1, 2
 PROGRESS_EVERY_S = 10.0  # with progress on, a line at least this often while windows are timed
 # how a candidate's windows were paired with the baseline's (a row's `paired_with`)
 INTERLEAVED = "interleaved with the baseline's windows"
@@ -38,9 +47,15 @@ BRACKETED = ("timed alone, each window paired with the geometric mean of the bas
 NOT_TIMED = "not timed: the planning time budget (time_budget_s) had no room for its first windows"
 
 
-def sized_timing(step_s: float, windows: int | None, steps_per_window: int | None) -> tuple[int, int]:
+def sized_timing(step_s: float, windows: int | None, steps_per_window: int | None,
+                 device_type: str = "cuda") -> tuple[int, int]:
     """(windows, steps per window) for a device whose baseline step takes `step_s`; a value the
-    caller gave is kept."""
+    caller gave is kept. CUDA: windows of >= `WINDOW_TARGET_S` (at least 2 steps), 5 of them for
+    steps under `SHORT_STEP_S`, else 3. Elsewhere: windows of >= `CPU_WINDOW_S` (one step where a
+    step takes that long), `FIRST_WINDOWS` of them for a first estimate."""
+    if device_type != "cuda":
+        steps = steps_per_window or min(max(1, math.ceil(CPU_WINDOW_S / max(step_s, 1e-9))), MAX_STEPS_PER_WINDOW)
+        return windows or FIRST_WINDOWS, steps
     steps = steps_per_window or min(max(2, math.ceil(WINDOW_TARGET_S / max(step_s, 1e-9))), MAX_STEPS_PER_WINDOW)
     return windows or (5 if step_s < SHORT_STEP_S else 3), steps
 
@@ -109,15 +124,18 @@ class Timing:
                     self.trials[baseline].step()
                 seconds.append(timer.elapsed_s)
             step_s = sorted(seconds)[1]
-            sized = sized_timing(step_s, self.windows, self.steps_per_window)
+            sized = sized_timing(step_s, self.windows, self.steps_per_window, self.device.type)
             self.windows, self.steps_per_window = (int(v) for v in self.ranks.min(list(sized)))
-            self.timing_note = (f"Timing: {self.windows} windows of {self.steps_per_window} steps, sized to the fp32 "
-                                f"baseline's {1000 * step_s:.0f} ms step (windows of >= {WINDOW_TARGET_S} s; 5 windows "
-                                f"for steps under {SHORT_STEP_S} s).")
+            rule = (f"windows of >= {WINDOW_TARGET_S} s; 5 windows for steps under {SHORT_STEP_S} s"
+                    if self.device.type == "cuda" else
+                    f"windows of >= {CPU_WINDOW_S} s, {FIRST_WINDOWS} for a first estimate, then raced")
+            self.timing_note = (f"Timing: {self.windows} windows of {self.steps_per_window} step"
+                                f"{'' if self.steps_per_window == 1 else 's'}, sized to the fp32 "
+                                f"baseline's {1000 * step_s:.0f} ms step ({rule}).")
             self._say(self.timing_note)
         return self.windows, self.steps_per_window
 
-    def time(self, candidates: Sequence[Candidate]) -> None:
+    def time(self, candidates: Sequence[Candidate], rounds: int | None = None) -> None:
         """Times `candidates` (and the baseline) in interleaved windows; each row gets seconds
         per sample and its speedup over the baseline paired window by window, and energy per
         sample where a counter is readable (once per candidate). A candidate timed in several
@@ -125,8 +143,10 @@ class Timing:
         adds to its evidence instead of replacing it. Candidates all timed before are timed again
         only where a round of them fits in the time budget. A candidate whose copy does not fit
         beside the baseline's (or runs out of memory beside it) is timed alone between baseline
-        windows (`_time_in_brackets`)."""
+        windows (`_time_in_brackets`). `rounds`: at most this many rounds (default `windows`; the
+        race times one round at a time)."""
         baseline = Candidate()
+        self.rounds_wanted = rounds
         names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.held_bytes]
         if all(self.windows_timed.get(c) for c in names) and len(names) > 1 and not self.ranks.all(
                 self.time_budget.allows(self.round_s(names))):
@@ -172,7 +192,8 @@ class Timing:
             return names
         least, kept = min(2, self.windows or 2), [names[0]]
         for candidate in names[1:]:
-            if self.windows_timed.get(candidate) or self.ranks.all(
+            # the caller's configuration (`plan(base=...)`) always: a plan keeps or replaces it by measurement
+            if self.windows_timed.get(candidate) or self.rows[candidate].get("yours") or self.ranks.all(
                     self.time_budget.allows(least * self.round_s(kept + [candidate]))):
                 kept.append(candidate)
             else:
@@ -194,7 +215,11 @@ class Timing:
     def _least(self, names: Sequence[Candidate]) -> int:
         """The fewest windows a timing of `names` takes whatever the budget: two (for an interval)
         where one of them was never timed, else one."""
-        return min(2, self.windows) if any(not self.windows_timed.get(c) for c in names) else 1
+        return min(2, self._windows_now()) if any(not self.windows_timed.get(c) for c in names) else 1
+
+    def _windows_now(self) -> int:
+        """Rounds the timing call under way takes at most (`time(..., rounds=)`, else `windows`)."""
+        return min(self.windows, self.rounds_wanted or self.windows)
 
     def _time_group(self, names: list[Candidate]) -> None:
         self._ensure(names)
@@ -254,10 +279,11 @@ class Timing:
         with fewer windows, which `_time_group` leaves out."""
         rates, self.windows_done = {c.name: [] for c in names}, 0
         active, expected = list(names), self.round_s(names)
-        for index in range(self.windows):
+        wanted = max(least, self._windows_now())
+        for index in range(wanted):
             if index >= 1 and not self.ranks.all(self.time_budget.allows(expected)):
                 if index >= least:
-                    self.time_budget.cut(f"timed in {index} of {self.windows} windows", [c.name for c in active[1:]])
+                    self.time_budget.cut(f"timed in {index} of {wanted} windows", [c.name for c in active[1:]])
                     break
                 active = self._prefix_that_fits(active)
                 if len(active) == 1:
@@ -275,13 +301,25 @@ class Timing:
             if not self.ranks.all(error is None):  # on every process, or on none
                 raise error or torch.OutOfMemoryError("out of memory on another process while timing")
             slowest = self.ranks.min([got[c.name][0] for c in active])
+            self.round_number += 1
             for c, rate in zip(active, slowest):
                 rates[c.name].append(rate)
+                self.round_rates.setdefault(c, {})[self.round_number] = rate
             expected = clock.now() - started
             planned = self.round_s(active, paced=False)
             self.pace = expected / planned if planned > 0 else self.pace
             expected = self.round_s(active)
         return rates
+
+    def paired_between(self, a: Candidate, b: Candidate) -> dict | None:
+        """`a`'s speed over `b`'s, paired round by round over the rounds both were timed in
+        (`paired_ratio`: the geometric mean with its 95 % interval, `n` rounds); None where they
+        share fewer than two rounds (timed in other groups, or alone between baseline windows)."""
+        mine, theirs = self.round_rates.get(a, {}), self.round_rates.get(b, {})
+        common = sorted(set(mine) & set(theirs))
+        if len(common) < 2:
+            return None
+        return paired_ratio([mine[i] for i in common], [theirs[i] for i in common])
 
     def _prefix_that_fits(self, names: list[Candidate]) -> list[Candidate]:
         """The baseline and the longest run of `names` after it whose round fits in the budget."""

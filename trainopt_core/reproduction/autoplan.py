@@ -37,9 +37,11 @@ AUTO = "auto"
 PLAN_KIND = "plan"
 # what `auto` keeps of the baseline: its schedule and clipping, which decide quality, not speed
 SCHEDULE_FIELDS = ("schedule", "warmup_fraction", "min_lr_ratio", "lr_scaling", "clip_norm")
-# the rule `auto`'s plans are made by; a stored plan made by another is made again. 2: plan(base=
-# the baseline), nothing decided inside the timing noise (1: the optimized schedule on the point-best)
-PLAN_RULE = 2
+# the rule `auto`'s plans are made by; a stored plan made by another is made again. 3: the candidates
+# raced in paired rounds, the baseline replaced only beyond the noise and the kind's margin
+# (`planner.choice.TIE_MARGIN`); 2: plan(base=the baseline), nothing decided inside the timing
+# noise; 1: the optimized schedule on the point-best
+PLAN_RULE = 3
 # `auto` in one sentence, beside every `auto` column (README, reports, notebooks, explorer)
 AUTO_SENTENCE = ("`auto` trains the baseline's training -- its LR, schedule, clipping and effective batch -- computed "
                  "the fastest way `plan()` found on this machine (precision, micro-batch split, checkpointing, speed "
@@ -105,7 +107,10 @@ def planned_record(task: str, prof: TaskProfile, device: torch.device, *, plans_
     existing = None if rerun else load_plan_record(plans_dir, task)
     if (existing is not None and not condition_differences(existing, conditions)
             and existing.get("plan_rule") == PLAN_RULE):
-        return existing
+        if not existing["plan"].get("fell_back"):
+            return existing
+        say(f"planning {task} again: the stored plan fell back (its time budget timed nothing but the baseline), "
+            "so it compared nothing and is not reused")
     start = time.perf_counter()
     say(f"planning {task} for `auto` on this machine (kept in {plan_path('plans', task).as_posix()}) ...")
     with step(f"planning {task}"), prints_as_progress():
