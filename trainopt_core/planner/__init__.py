@@ -3,14 +3,12 @@
 The paper's fixed recipe is not the fastest everywhere (on a CPU √L checkpointing recomputes
 far more than the 0.12 of a step it assumes), and the paper names the fix: adaptive policies
 that disable an optimization when its overhead exceeds its benefit. `plan()` does that by
-measurement, on the user's model, batch and device, in stages, each timed in interleaved
-windows together with the fp32 baseline (so every speedup is a paired ratio to the baseline
-measured in the same windows):
+measurement, on the user's model, batch and device, in stages, each giving its candidates a first
+estimate (two short windows interleaved with the fp32 baseline's, so every speedup is a paired
+ratio to the baseline measured in the same windows), then a race among those that can still win:
 
 1. Precision × split: fp32, plus bf16 where the device computes it natively, plus fp16 on
-   CUDA; × splits of the effective batch into k micro-batches. Where other candidates are within
-   the timing noise of the best (their eq. 3 cost intervals overlap), the best and the closest
-   two are timed once more together before stage 3 builds on the best.
+   CUDA; × splits of the effective batch into k micro-batches.
    On more than one process (a torch.distributed group; each process plans on its share of
    the batch and every candidate trains data parallel) the ZeRO stages come next: ZeRO-1 and
    ZeRO-2 (DeepSpeed) on the best so far and on the candidates over the budget (with w2 > 0
@@ -26,9 +24,12 @@ measured in the same windows):
    graphs), on the finalist only.
    On a CUDA GPU with a memory budget the chosen configuration also gets the caching allocator's
    expandable segments (a process-wide setting, so not a timed candidate).
-4. Timed again: where a candidate that decides the choice (the choice, the caller's configuration,
-   those that could take its place) was timed in fewer windows than another of them, those with
-   fewer are timed once more together, so that none decides on a wide interval of few windows.
+4. The race: every candidate still in it timed once per round beside the baseline and the
+   caller's configuration (never dropped); after each round a candidate slower than the best
+   beyond the noise -- its speed over the best's, paired round by round, with a 95 % interval
+   wholly on the slow side -- is dropped; it goes on while a round fits in the time budget and the
+   choice is not decided (`stages.race`). The caller's configuration is replaced only by one
+   faster beyond the noise and the kind's margin (`choice.TIE_MARGIN`).
 5. With adaptive accumulation only (`adaptive_accumulation=True`): k sets the effective batch
    k·b of the chosen micro-batch b, so it is chosen by goodput -- samples/s × statistical
    efficiency, the efficiency from the gradient noise scale B_simple of the batch (measured with
@@ -101,7 +102,8 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     builds the optimizer -- or, with `optimizer_takes_model`, `optimizer_factory(model)` (a
     model's own ``configure_optimizers(...)``, say). `base`: the caller's configuration. It is
     measured among the candidates and replaced whenever a candidate's eq. 3 cost interval lies
-    wholly below its own, by the lowest-cost of those; otherwise kept (a tie keeps it; it is
+    wholly below its own by more than the kind's margin (`choice.TIE_MARGIN`), by the lowest-cost of
+    those; otherwise kept (a tie keeps it, as does a plan that could time nothing else; it is
     rejected as slower than fp32 only when its whole speedup interval is:
     `choice.keep_or_replace_yours`), and the returned configuration is `base` with only what the plan
     chooses replaced (precision, split, checkpointing, speed options; the ZeRO stage on more
@@ -133,9 +135,10 @@ def plan(model: torch.nn.Module, optimizer_factory: Callable, batch: Sequence[to
     (`noise_scale.probe_noise_scale`, with its 95 % interval) and the chosen candidate's timed
     micro-batch and optimizer-step seconds give the goodput of each k in [k_min, `k_max`]; the
     best is the starting k (`Plan.goodput` has the table and k at the interval's two ends).
-    `windows` × `steps_per_window` steps time each candidate (None: 3 × 2 off CUDA; on CUDA
-    sized to the fp32 baseline's step -- windows of >= 0.25 s, 5 of them for steps under 0.1 s,
-    else 3 -- and said in a note). `planning_memory_bytes`: what the
+    `windows` × `steps_per_window` steps give each candidate its first estimate (None: sized to
+    the fp32 baseline's step and said in a note -- off CUDA 2 windows of one step where a step
+    takes >= 0.1 s, as many as fill 0.1 s otherwise; on CUDA windows of >= 0.25 s, 5 of them for
+    steps under 0.1 s, else 3); the race then adds one window a round. `planning_memory_bytes`: what the
     candidates' copies may hold on the device at once (default: on CUDA 90 % of what is free when
     planning starts; elsewhere no limit). Each copy holds its weights, gradients and optimizer
     state; copies are released least recently used first to make room, and candidates are timed

@@ -123,9 +123,10 @@ def cost_intervals_overlap(row: dict, best: dict) -> bool:
 # the base (yours, else the fp32 baseline: the simpler configuration), then the lower peak memory
 # (bit-identical from sitting to sitting), then the name.
 TIE_RULE = "fewer changes from the base, then lower peak memory, then the name"
-# A tie beyond the timing intervals of one sitting: point costs this close to the lowest one are tied
-# too, as the same candidates' ratios move between sittings of one kind of machine by about that much
-# (1.7-6.5 % SD on 2-core CPUs: docs/verdicts.md's floors; GPU windows agree to about 1 %).
+# What a candidate must clear, beyond its timing interval, to replace the base (yours, or the fp32
+# baseline in the reproduction's `auto`): the same candidates' ratios move between sittings of one
+# kind of machine by about this much (1.7-6.5 % SD on 2-core CPUs: docs/verdicts.md's floors; GPU
+# windows agree to about 1 %), so a base kept or replaced inside it would flip from sitting to sitting.
 TIE_MARGIN = {"cpu": 0.05, "cuda": 0.01}
 
 
@@ -135,19 +136,27 @@ def tie_margin(device: str | None) -> float:
     return TIE_MARGIN.get(kind, TIE_MARGIN["cpu"])
 
 
-def tied_with(row: dict, lowest: dict, margin: float = 0.0) -> bool:
-    """Whether `row` ties with `lowest` (the lowest point cost): its point cost inside `lowest`'s
-    95 % interval, or within `margin` (a fraction) of `lowest`'s point cost."""
-    ceiling = max(lowest.get("cost_ci_high") or lowest["cost"], lowest["cost"] * (1.0 + margin))
-    return row is lowest or row["cost"] <= ceiling
+def tied_with(row: dict, lowest: dict, fast_end_cost: float | None = None) -> bool:
+    """Whether `row` ties with `lowest` (the lowest point cost): the timing cannot tell it slower.
+    Where the two were timed in the same rounds, `fast_end_cost` is `row`'s eq. 3 cost at the fast
+    end of its speed over `lowest`'s paired round by round, and it ties unless that is above
+    `lowest`'s cost (the race's rule for dropping a candidate); otherwise its point cost lies inside
+    `lowest`'s 95 % interval."""
+    if row is lowest:
+        return True
+    if fast_end_cost is not None:
+        return fast_end_cost <= lowest["cost"]
+    return row["cost"] <= (lowest.get("cost_ci_high") or lowest["cost"])
 
 
-def tie_broken(lowest: dict, candidates: Sequence[dict], base: dict, margin: float = 0.0) -> tuple[dict, list[dict]]:
+def tie_broken(lowest: dict, candidates: Sequence[dict], base: dict, fast_end=None) -> tuple[dict, list[dict]]:
     """(the choice, the tie) among `candidates`: the rows tied with `lowest` (`tied_with`; itself
-    included), `TIE_RULE` choosing among them."""
+    included; `fast_end(row, lowest)` gives a row's cost at the fast end of its paired interval, or
+    None), `TIE_RULE` choosing among them."""
     from .space import candidate_of, changes_between
 
-    tied = [row for row in candidates if tied_with(row, lowest, margin)]
+    tied = [row for row in candidates
+            if tied_with(row, lowest, None if fast_end is None or row is lowest else fast_end(row, lowest))]
     origin = candidate_of(base)
     chosen = min(tied, key=lambda row: (len(changes_between(origin, candidate_of(row))), row["peak_memory_bytes"],
                                         row["candidate"]))
@@ -188,7 +197,7 @@ def baseline_row(rows) -> dict:
 
 
 def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 1,
-           run_samples: int | None = None, margin: float = 0.0) -> list[str]:
+           run_samples: int | None = None, margin: float = 0.0, paired=None) -> list[str]:
     """Marks the chosen row (eq. 3 among feasible timed rows with k >= `min_k`) and why each
     other measured row lost; returns notes. ValueError when no measured candidate fits the budget.
     Without a row marked ``yours`` the choice is the lowest eq. 3 cost by point estimate. With one
@@ -208,15 +217,25 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     feasible = [row for row in feasible if row["feasible"]]
     _eq3_costs(feasible, base, weights, speed)
     yours = next((row for row in feasible if row.get("yours")), None)
+    with_energy = all(row["energy_j_per_sample"] is not None for row in feasible + [base])
+
+    def fast_end(row: dict, lowest: dict) -> float | None:
+        """`row`'s eq. 3 cost at the fast end of its speed over `lowest`'s, paired round by round
+        (`paired(row name, lowest name)`: the planner's rounds), or None where not paired."""
+        found = paired(row["candidate"], lowest["candidate"]) if paired else None
+        if not found or found.get("ci_high") is None or not lowest.get("speedup"):
+            return None
+        return cost_at(row, lowest["speedup"] * found["ci_high"], base, weights, run_samples, with_energy)
+
     if yours is None:
-        best, tied = tie_broken(min(feasible, key=lambda row: row["cost"]), feasible, base, margin)
+        best, tied = tie_broken(min(feasible, key=lambda row: row["cost"]), feasible, base, fast_end)
     else:
         _costs_against_yours(feasible, yours, base, weights, run_samples)
-        best, tied = keep_or_replace_yours(feasible, yours, notes, margin)
+        best, tied = keep_or_replace_yours(feasible, yours, notes, margin, fast_end)
     best["chosen"] = True
     notes += _why_the_others_lost(feasible, best, yours, tied, yours or base, margin)
     if len(tied) > 1:
-        notes.append(f"Tied (each within the lowest cost's timing noise{f', or within {100 * margin:g} % of it' if margin else ''}): "
+        notes.append(f"Tied (the timing cannot tell any from the lowest cost{', paired round by round' if paired else ''}): "
                      f"{'; '.join(repr(row['candidate']) for row in sorted(tied, key=lambda row: row['cost']))}; "
                      f"chosen by the tie rule ({TIE_RULE}): {best['candidate']!r}.")
     if base in feasible and base is not best and cost_intervals_overlap(base, best):
@@ -239,17 +258,18 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
 
 
 def keep_or_replace_yours(feasible: list[dict], yours: dict, notes: list[str],
-                          margin: float = 0.0) -> tuple[dict, list[dict]]:
+                          margin: float = 0.0, fast_end=None) -> tuple[dict, list[dict]]:
     """The rule for the caller's configuration ("yours", `plan(base=...)`): it is replaced whenever
     a candidate's eq. 3 cost interval lies wholly below its own -- by the lowest-cost of those, or,
     where others of them are within its noise, by `TIE_RULE` among them -- and otherwise kept:
     every candidate not worse than yours is then within its timing noise (a lower point cost inside
     overlapping intervals is a tie, and a tie keeps yours). With a `margin` (`TIE_MARGIN`: how far
     the same ratios move between sittings of one kind of machine) the interval must lie below
-    yours by more than it, as a tie among candidates reaches that far too. Returns (the choice, its tie)."""
+    yours by more than it. Among those below, the tie (`tied_with`) is the lowest cost's and those
+    the timing cannot tell from it. Returns (the choice, its tie)."""
     below = [row for row in feasible if row is not yours and wholly_below(row, yours, margin)]
     if below:
-        return tie_broken(min(below, key=lambda row: row["cost"]), below, yours, margin)
+        return tie_broken(min(below, key=lambda row: row["cost"]), below, yours, fast_end)
     tied = sorted((row for row in feasible if row is not yours and row["cost"] < yours["cost"]),
                   key=lambda row: row["cost"])
     if tied:

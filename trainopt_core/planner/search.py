@@ -327,6 +327,11 @@ class Search(Timing):
             row.update(vs_yours=paired and paired["mean"], vs_yours_ci_low=paired and paired["ci_low"],
                        vs_yours_ci_high=paired and paired["ci_high"], vs_yours_rounds=paired and paired["n"])
 
+    def paired_by_name(self, a: str, b: str) -> dict | None:
+        """`paired_between` for two candidates named as their rows name them."""
+        by_name = {c.name: c for c in self.rows}
+        return self.paired_between(by_name[a], by_name[b]) if a in by_name and b in by_name else None
+
     def chosen_rows(self, weights, min_k: int) -> list[dict] | None:
         """The rows measured so far with eq. 3's choice marked on them (None when nothing fits yet);
         those dropped from the race stay out."""
@@ -334,7 +339,7 @@ class Search(Timing):
         rows = [measured_part(row, keep_dropped=True) for row in self.rows.values()]
         try:
             choose(rows, self.budget, weights, min_k=min_k, run_samples=self.run_samples,
-                   margin=tie_margin(self.device.type))
+                   margin=tie_margin(self.device.type), paired=self.paired_by_name)
         except ValueError:
             return None
         return rows

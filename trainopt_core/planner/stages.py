@@ -19,7 +19,8 @@ from .result import Plan
 from .search import Search
 from .timing import BRACKETED
 from .space import (COMPILE_ON_CPU, Candidate, attention_kernels, base_candidate, candidate_of, changes_between,
-                    checkpointed_twins, configured, fewest_splits_that_fit, precision_splits, speed_option_changes,
+                    checkpointed_twins, configured, fewest_splits_that_fit, native_reduced_precisions, precision_splits,
+                    speed_option_changes,
                     splits, with_expandable_segments, zero_twins)
 
 MAX_CHECKPOINTED = 6      # checkpointed candidates measured at most (the fastest twins first)
@@ -29,6 +30,7 @@ MAX_ZERO = 4              # ZeRO candidates measured at most (the best's twins f
 COMPILE_FLOOR_S = 10.0
 RACE_MAX_ROUNDS = 20      # the race ends where every survivor has this many windows (without a time budget, its end)
 MIN_ROUNDS_TO_DROP = 3    # shared rounds before a candidate can be dropped on its paired ratio (t = 4.3 at 3)
+MIN_RACE_ROUNDS = 4       # rounds the budget must leave every raced candidate, else the race focuses (`_focus`)
 # shared rounds before the best is taken as unable to replace yours (its interval over yours not
 # reaching past the margin): a few short windows read a true 1.16x as under 1.05x in a smoke plan
 MIN_ROUNDS_TO_KEEP = 8
@@ -101,6 +103,13 @@ def precision_and_split(p: Planning) -> None:
     """Stage 1: every precision the device computes natively × splits of the batch (on a GPU the
     fewest that fit first), the caller's configuration among them; near ties timed once more."""
     search, device, size = p.search, p.search.device, p.search.size
+    missing = [name for name in ("bf16", "fp16") if name not in native_reduced_precisions(device)]
+    if device.type == "cpu" and "bf16" in missing:
+        p.notes.append("bf16 is not a candidate: this CPU has neither AVX-512 BF16 nor AMX, so bf16 autocast would be "
+                       "emulated, several times slower than fp32 (fp16 is not one on any CPU): the candidates are fp32.")
+    elif device.type == "cuda" and "bf16" in missing:
+        p.notes.append("bf16 is not a candidate: this GPU does not compute it (torch.cuda.is_bf16_supported() is "
+                       "False); fp16 with loss scaling is.")
     if p.base is not None:  # the caller's configuration, measured whatever the time budget, timed with the first
         yours = base_candidate(p.base, size, search.num_blocks, p.world, device)
         p.first += search.measure_memory([Candidate(), yours], always=True)
@@ -225,9 +234,16 @@ def speed_options(p: Planning) -> None:
         # channels-last and compile do not run under DeepSpeed: tried on the best's DDP twin,
         # which fits too, lest a ZeRO stage chosen inside the noise shut them out
         tried[best] += [unzeroed.replace(**option) for option in options_of(unzeroed) if option not in options_of(best)]
-    ran = search.measure_memory(list(dict.fromkeys(c for options in tried.values() for c in options)))
+    # each measured, then given its first estimate beside the baseline (and yours), the best's options
+    # first: under load the budget then times what it measured (measuring them all first left a busy
+    # plan with five measured and none timed)
+    ran = []
+    for candidate in dict.fromkeys(c for options in tried.values() for c in options):
+        measured = search.measure_memory([candidate])
+        if measured:
+            search.time(measured)
+            ran += measured
     if ran:
-        search.time(contenders + ran)
         for contender, options in tried.items():
             _combine(p, contender, [c for c in ran if c in options])
         p.choose_again()
@@ -300,6 +316,8 @@ def race(p: Planning) -> None:
         if _settled(feasible, racing, lowest, yours, pinned, tie_margin(search.device.type)):
             why_stopped = "decided"
             break
+        _focus(p, feasible, racing, pinned)
+        racing = [c for c in racing if not (p.rows[c]["rejected_because"] or "").startswith(DROPPED)]
         timed = list(dict.fromkeys(pinned + racing))
         if min(p.rows[c]["timed_windows"] for c in racing) >= RACE_MAX_ROUNDS:
             why_stopped = f"every survivor had {RACE_MAX_ROUNDS} windows"
@@ -309,11 +327,14 @@ def race(p: Planning) -> None:
             break
         search.time(timed, rounds=1)
         raced += 1
-    dropped = [(c, p.rows[c]["timed_windows"]) for c in p.rows if (p.rows[c]["rejected_because"] or "").startswith(DROPPED)]
+    out = [(c, p.rows[c]["timed_windows"], "shared rounds" in p.rows[c]["rejected_because"])
+           for c in p.rows if (p.rows[c]["rejected_because"] or "").startswith(DROPPED)]
+    slower = [f"{c.name} (after {n})" for c, n, paired in out if paired]
+    aside = [f"{c.name} (after {n})" for c, n, paired in out if not paired]
     survivors = [c for c in racing if c not in pinned or c == lowest]
     p.notes.append(f"Raced {raced} round(s) after the first estimates ({why_stopped}); "
-                   + (f"dropped as slower beyond the noise: {'; '.join(f'{c.name} (after {n})' for c, n in dropped)}; "
-                      if dropped else "none dropped; ")
+                   + (f"dropped as slower beyond the noise: {'; '.join(slower)}; " if slower else "none dropped as slower; ")
+                   + (f"set aside for the budget's last rounds: {'; '.join(aside)}; " if aside else "")
                    + "still in the race: " + "; ".join(f"{c.name} ({p.rows[c]['timed_windows']} windows)"
                                                       for c in dict.fromkeys(survivors + pinned)) + ".")
     p.lap("race")
@@ -336,6 +357,28 @@ def _drop_the_slow(p: Planning, feasible: dict, lowest: Candidate, pinned: list)
                 f"{DROPPED} after {paired['n']} shared rounds: {paired['mean']:.3f}x the speed of {lowest.name}, paired "
                 f"round by round, 95 % interval {paired['ci_low']:.3f}-{paired['ci_high']:.3f}; its eq. 3 cost even at "
                 f"the interval's fast end ({fast_end:.3f}) is above {lowest.name}'s ({best['cost']:.3f})")
+
+
+def _focus(p: Planning, feasible: dict, racing: list, pinned: list) -> None:
+    """Where what is left of the time budget cannot give every candidate in the race
+    `MIN_RACE_ROUNDS` more rounds, the race goes on with the lowest-cost ones that it can (at least
+    the lowest), the others dropped and said so: the budget goes to those that can still win."""
+    search = p.search
+    contenders = sorted((c for c in racing if c not in pinned), key=lambda c: feasible[c]["cost"])
+    left = search.time_budget.left_s()
+    if len(contenders) <= 1 or left == float("inf"):
+        return
+    fits = lambda count: MIN_RACE_ROUNDS * search.round_s(list(dict.fromkeys(pinned + contenders[:count]))) <= left  # noqa: E731
+    if fits(len(contenders)):
+        return
+    keep = next((count for count in range(len(contenders), 0, -1) if fits(count)), 1)
+    kept = contenders[:keep]
+    for candidate in contenders[keep:]:
+        search.rows[candidate]["rejected_because"] = (
+            f"{DROPPED} after {search.rows[candidate]['timed_windows']} windows to give the budget's last rounds to "
+            f"the {keep} lowest-cost candidate{'s' if keep > 1 else ''} ({'; '.join(c.name for c in kept)}): its eq. 3 "
+            f"cost {feasible[candidate]['cost']:.3f} against {feasible[kept[-1]]['cost']:.3f}")
+    search.time_budget.cut(f"set aside to race the {keep} lowest-cost", [c.name for c in contenders[keep:]])
 
 
 def _settled(feasible: dict, racing: list, lowest: Candidate, yours, pinned: list, margin: float) -> bool:
@@ -383,7 +426,7 @@ def finish(p: Planning) -> Plan:
     search.pair_with_yours()
     try:
         p.notes += choose(rows, p.memory_budget_bytes, p.weights, min_k=p.min_k, run_samples=p.run_samples,
-                          margin=tie_margin(search.device.type))
+                          margin=tie_margin(search.device.type), paired=search.paired_by_name)
     except ValueError as error:
         if not p.never_tried:
             raise

@@ -147,7 +147,9 @@ class Timing:
         race times one round at a time)."""
         baseline = Candidate()
         self.rounds_wanted = rounds
-        names = [baseline] + [c for c in dict.fromkeys(candidates) if c != baseline and c in self.held_bytes]
+        # the caller's configuration (`plan(base=...)`) in every timing too: each candidate pairs with it
+        yours = [c for c, row in self.rows.items() if row.get("yours") and c in self.held_bytes]
+        names = [baseline] + [c for c in dict.fromkeys(yours + list(candidates)) if c != baseline and c in self.held_bytes]
         if all(self.windows_timed.get(c) for c in names) and len(names) > 1 and not self.ranks.all(
                 self.time_budget.allows(self.round_s(names))):
             self.time_budget.cut("not timed again", [c.name for c in names[1:]])
@@ -322,13 +324,14 @@ class Timing:
         return paired_ratio([mine[i] for i in common], [theirs[i] for i in common])
 
     def _prefix_that_fits(self, names: list[Candidate]) -> list[Candidate]:
-        """The baseline and the longest run of `names` after it whose round fits in the budget."""
-        kept = [names[0]]
-        for candidate in names[1:]:
+        """The baseline, yours (`plan(base=...)`: always timed) and the longest run of `names` after
+        them whose round fits in the budget."""
+        kept = [names[0]] + [c for c in names[1:] if self.rows[c].get("yours")]
+        for candidate in [c for c in names[1:] if c not in kept]:
             if not self.ranks.all(self.time_budget.allows(self.round_s(kept + [candidate]))):
                 break
             kept.append(candidate)
-        return kept
+        return [c for c in names if c in kept]
 
     def _record(self, names: list[Candidate], rates: dict[str, list[float]], baseline_rates: list[float],
                 paired: str) -> None:
