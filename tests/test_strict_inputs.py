@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from trainopt_core import OptimizationConfig, prepare
-from trainopt_core.reporting import agreement, floors, summary
+from trainopt_core.reporting import agreement, floors, render, summary
 from trainopt_core.reproduction import __main__ as reproduction_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +84,14 @@ CONFIG_ROWS = [(f"OptimizationConfig.{field}", lambda field=field, value=value: 
      "OptimizationConfig.zero_stage=1.0 is invalid: allowed one of (0, 1, 2)"),
     ("OptimizationConfig.min_lr_ratio range", lambda: OptimizationConfig(min_lr_ratio=-0.5),
      "OptimizationConfig.min_lr_ratio=-0.5 is invalid: allowed a number in [0, 1]"),
+    # an int no float can hold is refused by its field, not by Python's OverflowError
+    ("OptimizationConfig.initial_loss_scale beyond a float", lambda: OptimizationConfig(initial_loss_scale=10**400),
+     "OptimizationConfig.initial_loss_scale=1000000000000000000000000000000000000000000000000000000000000000000000000"),
+    ("OptimizationConfig.base_batch_size absurd", lambda: OptimizationConfig(base_batch_size=2**70),
+     "OptimizationConfig.base_batch_size=1180591620717411303424 is invalid: allowed None or an integer in "
+     "[1, 1,000,000,000]"),
+    ("OptimizationConfig.name empty", lambda: OptimizationConfig(name=""),
+     "OptimizationConfig.name='' is invalid: allowed a non-empty string"),
 ]
 
 
@@ -128,6 +136,9 @@ PREPARE_ROWS = [
     ("engine k fraction", lambda: _set_k(2.5), "k=2.5 is invalid: allowed an integer >= 1"),
     ("backward num_items text", lambda: _backward(num_items="2"), "num_items='2' is invalid: allowed a finite number > 0"),
     ("backward num_items bool", lambda: _backward(num_items=True), "num_items=True is invalid"),
+    ("backward num_items nan tensor", lambda: _backward(num_items=torch.tensor(float("nan"))),
+     "num_items=nan is invalid: allowed a finite number > 0"),
+    ("backward num_items zero tensor", lambda: _backward(num_items=torch.tensor(0)), "num_items=0.0 is invalid"),
 ]
 
 
@@ -172,6 +183,17 @@ COMMAND_ROWS = [
      "exit 2: agreement: nothing compared"),
     ("summary --profile", command(summary.main, str(REPO / "reports"), "--profile", "huge"),
      "argument --profile: invalid choice: 'huge'"),
+    ("summary of an empty profile", in_folder(empty_tables, lambda folder: command(summary.main, str(folder / "a"))),
+     "--profile 'quick' is invalid for"),
+    ("summary of a file", command(summary.main, str(REPO / "README.md")), "reports_dir '" + str(REPO / "README.md")
+     + "' is invalid: a file"),
+    ("render of an empty profile", in_folder(empty_tables, lambda folder: command(render.main, str(folder / "a"))),
+     "--profile 'quick' is invalid for"),
+    ("render of a file", command(render.main, str(REPO / "README.md")), "reports '" + str(REPO / "README.md")
+     + "' is invalid: a file"),
+    ("reproduction --data-dir ''", command(reproduction_cli._parse, "--task", "cifar10", "--config", "baseline",
+                                           "--data-dir", ""),
+     "--data-dir '' is invalid: allowed a folder (empty would read the data from the current one"),
 ]
 
 ROWS = CONFIG_ROWS + PREPARE_ROWS + COMMAND_ROWS

@@ -98,7 +98,12 @@ def _fail(field_name: str, value, allowed: str) -> None:
 
 def _is_number(value) -> bool:
     """A finite int or float, not a bool (True is no loss scale, no fraction of a run)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float (10**400): not a number a float field can hold
+        return False
 
 
 def _is_integer(value, minimum: int = 1) -> bool:
@@ -120,10 +125,12 @@ def _flag(value) -> bool:
 
 
 _COUNT = (_is_integer, "an integer >= 1")
+MAX_BATCH_SIZE = 10**9  # samples per optimizer step: beyond it a batch size is a typo, not a batch
 # What each field of OptimizationConfig accepts, and the words that say so: every field is checked
 # for its type and range at construction (the checks between fields follow them)
 FIELD_RULES = {
-    "name": (lambda value: isinstance(value, str), "a string"),
+    "name": (lambda value: isinstance(value, str) and value.strip() != "", "a non-empty string (records and "
+             "figures are named by it)"),
     "precision": (_one_of((*PRECISIONS, "auto")), f"one of {PRECISIONS}, or 'auto' (the fastest this device computes "
                   "natively: precision.choose_precision)"),
     "k": _COUNT, "k_min": _COUNT, "k_max": _COUNT,
@@ -136,7 +143,8 @@ FIELD_RULES = {
     "warmup_fraction": (lambda value: _is_number(value) and 0 <= value < 1, "a number in [0, 1)"),
     "min_lr_ratio": (lambda value: _is_number(value) and 0 <= value <= 1, "a number in [0, 1]"),
     "lr_scaling": (lambda value: value is None or _flag(value), "True, False, or None (on with adaptive k, else off)"),
-    "base_batch_size": (lambda value: value is None or _is_integer(value), "None or an integer >= 1"),
+    "base_batch_size": (lambda value: value is None or (_is_integer(value) and value <= MAX_BATCH_SIZE),
+                        f"None or an integer in [1, {MAX_BATCH_SIZE:,}] (samples per optimizer step, all processes)"),
     "clip_norm": (lambda value: value is None or (_is_number(value) and value > 0),
                   "None or 0 (no clipping) or a finite number > 0 (the global L2 norm gradients are clipped to)"),
     "checkpointing": (_is_segments,

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -180,6 +181,7 @@ def matmul_probe_flops(device: torch.device | str, precision: str | torch.dtype,
             break
         size = min(2 * size, max_size)
     cpu = device.type == "cpu"
+    load = _others_load() if cpu else ""
     chunks = 7 if cpu else 3
     repeats = max(1, int(min_time_s / chunks / max(one_s, 1e-6)))
     if cpu:
@@ -190,7 +192,28 @@ def matmul_probe_flops(device: torch.device | str, precision: str | torch.dtype,
     threads = f", {torch.get_num_threads()} threads" if cpu else ""
     which = f"median of {chunks} runs of {repeats} products after a warm-up" if cpu else \
         f"best of {chunks} runs of {repeats} products"
-    return flops_per_s, f"measured: matmul probe {size}x{size} {dtype} on {device}{threads} ({which})"
+    return flops_per_s, f"measured: matmul probe {size}x{size} {dtype} on {device}{threads} ({which}){load}"
+
+
+# other processes' busy cores from which a CPU probe's peak is said to be loaded: an MFU against it is
+# not comparable (in five fresh processes under load the probe read 6.3-19.1 GFLOP/s where the idle
+# part gives ~200, so the same run's MFU would read 10-30x too high)
+LOADED_CORES = 0.5
+
+
+def _others_load() -> str:
+    """The load beside a CPU probe, in words for its source: the cores the machine's other processes
+    kept busy as it began (and, where that is `LOADED_CORES` or more, that an MFU against it is not
+    comparable); "" where the system's CPU times cannot be read."""
+    from ..planner.contention import others_busy_cores
+
+    busy = others_busy_cores()
+    if busy is None:
+        return ""
+    said = f"; other processes kept {busy:.1f} of {os.cpu_count()} cores busy as it began"
+    if busy >= LOADED_CORES:
+        said += ": probed under load, so an MFU against this peak is not comparable with a quiet machine's"
+    return said
 
 
 @contextlib.contextmanager

@@ -115,9 +115,47 @@ def compare_reports(first: str | Path, second: str | Path) -> dict:
                         if abs(moved) > RATIO_TOLERANCE:
                             out["ratio_moves"].append(dict(cell=f"{label} [{column}]", first=1 + ra[column],
                                                            second=1 + rb[column], moved=moved))
-    out["agree"] = not out["verdict_flips"] and not out["ratios_outside"]
+    out["sides"] = [describe_side(first), describe_side(second)]
+    kinds = [side["kind"] for side in out["sides"]]
+    # across two kinds of machine the speed ratios are not expected to agree (bf16 on one, fp32 on the
+    # other; another memory system): verdicts are what can agree
+    out["across_kinds"] = None not in kinds and kinds[0] != kinds[1]
+    out["agree"] = not out["verdict_flips"] and (out["across_kinds"] or not out["ratios_outside"])
     out["speeds"] = compare_speeds(first, second)
     return out
+
+
+def describe_side(folder: str | Path) -> dict:
+    """What a report folder's reproduction was, from its timing records: profile, seeds, timing
+    windows (and steps each), the machine kind and its hardware in words, and the precision its
+    reduced-precision configurations ran in."""
+    folder = Path(folder)
+    timings = _throughput_records(folder)
+    first = next(iter(timings.values()), None)
+    kind, hardware = _machine(folder)
+    date = str(((first or {}).get("manifest") or {}).get("date_utc") or "")[:10] or None
+    return dict(folder=str(folder), profile=first.get("profile") if first else None, date=date,
+                seeds=first.get("seeds") if first else None, windows=first.get("windows") if first else None,
+                steps_per_window=first.get("steps_per_window") if first else None, kind=kind, hardware=hardware,
+                precision=reduced_precision_ran(folder) or _optimized_precision(timings))
+
+
+def _optimized_precision(timings: dict) -> str | None:
+    """The precision `optimized` ran in, from the timing records (a reproduction without Table III)."""
+    ran = {str(r["results"]["optimized"].get("precision")) for r in timings.values()
+           if "optimized" in r.get("results", {}) and r["results"]["optimized"].get("precision")}
+    return "/".join(sorted(ran)) or None
+
+
+def side_words(side: dict) -> str:
+    """One side of a comparison in words: "quick, 3 seeds, 12 timing windows of 6 steps, <hardware>,
+    reduced precision ran bf16"."""
+    parts = [side["profile"] or "profile not recorded",
+             f"{side['seeds']} seed{'s' if side['seeds'] != 1 else ''}" if side["seeds"] else "seeds not recorded",
+             (f"{side['windows']} timing windows of {side['steps_per_window']} steps" if side["windows"]
+              else "no timing records"), side["hardware"],
+             f"reduced precision ran {side['precision']}" if side["precision"] else "precision not recorded"]
+    return ", ".join(parts)
 
 
 def _throughput_records(folder: Path) -> dict[str, dict]:
@@ -163,8 +201,20 @@ def _outside_table(title: str, cells: list[dict]) -> list[str]:
 
 def format_agreement(result: dict) -> str:
     """The comparison as Markdown."""
+    sides = result.get("sides") or [describe_side(result["first"]), describe_side(result["second"])]
     lines = [f"# Rerun agreement: `{result['first']}` vs `{result['second']}`", "",
-             f"Tables compared: {', '.join(result['tables']) or 'none'}"
+             "What is compared:", "", f"- first: {side_words(sides[0])}", f"- second: {side_words(sides[1])}", ""]
+    if result.get("across_kinds"):
+        lines += ["**Across two kinds of machine.** Speed and time ratios are not expected to agree across kinds "
+                  "(another precision where one has native bf16, another memory system): only the verdicts are "
+                  "compared, and the ratios are not listed.", "",
+                  f"- verdicts compared: {result['verdicts_compared']}, differing: **{len(result['verdict_flips'])}**", "",
+                  f"Verdicts agree: **{'yes' if result['agree'] else 'no'}**", ""]
+        if result["verdict_flips"]:
+            lines += ["## Verdicts that differ", "", "| cell | first | second |", "|---|---|---|"]
+            lines += [f"| {f['cell']} | {f['first']} | {f['second']} |" for f in result["verdict_flips"]] + [""]
+        return "\n".join(lines)
+    lines += [f"Tables compared: {', '.join(result['tables']) or 'none'}"
              + (f"; only in one folder: {', '.join(result['missing'])}" if result["missing"] else ""), "",
              f"- verdicts compared: {result['verdicts_compared']}, differing: **{len(result['verdict_flips'])}**",
              f"- throughput and time ratios to the baseline compared: {result['timing_ratios_compared']}, outside the "
@@ -271,31 +321,37 @@ def _tables_named(result: dict) -> str:
     return "Table " + numerals[0] if len(numerals) == 1 else f"Tables {', '.join(numerals[:-1])} and {numerals[-1]}"
 
 
-def _counts(result: dict) -> str:
-    return (f"{len(result['verdict_flips'])} of the {result['verdicts_compared']} verdict cells of "
-            f"{_tables_named(result)} differ and {len(result['ratios_outside'])} of {result['timing_ratios_compared']} "
-            "throughput and time ratios lie outside the other's 95 % interval")
-
-
 def agreement_sentence(current: str | Path, previous: str | Path, name: str, machine: str | None = None) -> str:
-    """The agreement check of `current` against `previous` (named `name`) in one sentence, with the
-    previous one's machine: as its manifests record it, or `machine` where they do not record its
-    kind; whether it is the kind of machine `current` ran on; and the precision each one's
-    reduced-precision configurations ran in, where it differs (bf16 there, fp32 here)."""
+    """The agreement check of `current` against `previous` (named `name`) in one sentence, in words a
+    reader understands: the previous one's machine (as its manifests record it, or `machine` where
+    they do not record its kind), whether it is the kind `current` ran on, the precision each one's
+    reduced-precision configurations ran in where it differs; across kinds the verdicts only (speed
+    ratios are not expected to agree there), on one kind the verdicts and the ratios."""
     result = compare_reports(previous, current)
     (kind, hardware), (current_kind, _) = _machine(Path(previous)), _machine(Path(current))
     if kind is None and machine:
         hardware = machine
-    elif kind and current_kind:
-        hardware += ": the same kind of machine" if kind == current_kind else ": another kind of machine"
-    there, here = reduced_precision_ran(previous), reduced_precision_ran(current)
-    if there and here and there != here:
-        hardware += f"; its reduced-precision configurations ran {there} there, {here} here"
     other_kind = (kind != current_kind) if kind and current_kind else "another kind" in (machine or "")
-    across = "Across two kinds of machine: " if other_kind else ""
-    return (f"{across}{'a' if across else 'A'}greement with the previous reference (`{name}`, {hardware}): "
-            f"**{'yes' if result['agree'] else 'no'}**, {_counts(result)} (a verdict cell: one claim's verdict for one "
-            "configuration).")
+    there, here = reduced_precision_ran(previous), reduced_precision_ran(current)
+    precision = f"; bf16 and the like ran {there} there, {here} here" if there and here and there != here else ""
+    flips, compared = len(result["verdict_flips"]), result["verdicts_compared"]
+    if other_kind:
+        return (f"Against the previous reference on another kind of machine (`{name}`, {hardware}{precision}): "
+                f"{'verdicts agree' if not flips else f'{flips} of {compared} verdicts differ'} "
+                f"({compared} verdict cells of {_tables_named(result)}; speed ratios are not expected to agree across "
+                "kinds and are not compared).")
+    return (f"Against the previous reference on the same kind of machine (`{name}`, {hardware}{precision}): "
+            f"{_in_words(result)}.")
+
+
+def _in_words(result: dict) -> str:
+    """A same-kind comparison in words: "verdicts agree (0 of 10 differ), 1 of 8 speed and time
+    ratios outside the other's 95 % interval"."""
+    flips, compared = len(result["verdict_flips"]), result["verdicts_compared"]
+    outside, ratios = len(result["ratios_outside"]), result["timing_ratios_compared"]
+    verdicts = f"verdicts agree (0 of {compared} differ)" if not flips else f"{flips} of {compared} verdicts differ"
+    return (f"{verdicts}, {outside if outside else 'none'} of {ratios} speed and time ratios outside the other's 95 % "
+            f"interval ({_tables_named(result)})")
 
 
 def _records_identical(path: Path) -> str | None:
@@ -315,7 +371,7 @@ def same_kind_sentence(reports_root: str | Path, profile: str) -> str | None:
         result = compare_reports(root / first, root / second)
         agree &= result["agree"]
         shown = ", ".join(f"`{folder}`" for folder in (first, second) if folder != profile)
-        part = f"{comparison['what']} ({shown}): agreement **{'yes' if result['agree'] else 'no'}**, {_counts(result)}"
+        part = f"{comparison['what']} ({shown}): {_in_words(result)}"
         records = comparison.get("records")
         if records:
             identical = _records_identical(root / records)
@@ -327,7 +383,7 @@ def same_kind_sentence(reports_root: str | Path, profile: str) -> str | None:
         parts.append(part)
     if not parts:
         return None
-    return ("Reruns on one kind of machine agree: " if agree else "Reruns on one kind of machine: ") + "; ".join(parts) + "."
+    return ("Reruns on the same kind of machine agree: " if agree else "Reruns on the same kind of machine: ") + "; ".join(parts) + "."
 
 
 def main(argv=None) -> int:
@@ -340,6 +396,11 @@ def main(argv=None) -> int:
     for folder in (args.first, args.second):
         if not (Path(folder) / "tables").is_dir():
             parser.error(f"{folder!r} has no tables/ folder: pass a report folder such as reports/quick")
+    profiles = [describe_side(folder)["profile"] for folder in (args.first, args.second)]
+    if None not in profiles and profiles[0] != profiles[1]:
+        parser.error(f"{args.second!r} is invalid beside {args.first!r}: its profile is {profiles[1]!r}, the first's "
+                     f"{profiles[0]!r} (other models, batches and run lengths: their tables are not comparable); "
+                     "allowed two report folders of one profile")
     result = compare_reports(args.first, args.second)
     text = format_agreement(result)
     print(text)
@@ -357,5 +418,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["PREVIOUS_REFERENCE", "RATIO_TOLERANCE", "agreement_sentence", "compare_reports", "compare_speeds",
-           "format_agreement", "main", "previous_reference", "previous_reference_machine", "reduced_precision_ran",
+           "describe_side", "format_agreement", "main", "previous_reference", "previous_reference_machine", "reduced_precision_ran",
            "same_kind_sentence"]

@@ -362,6 +362,13 @@ def write_reports_index(reports_root: str | os.PathLike) -> Path:
     if (root / "other_machines" / "README.md").is_file():
         lines += ["## Other machines", "", "Reproductions made on other kinds of machine, one folder per machine: "
                   "[other_machines/README.md](other_machines/README.md).", ""]
+        if (root / "quick" / "tables").is_dir():
+            from .across_machines import NAME, claims_frame, render_markdown
+
+            frame, entries = claims_frame(root, "quick")
+            body = render_markdown(frame, entries).split("\n", 2)[2]  # without its title
+            lines += ["## The claims across machines", "", f"![Each claim's verdict on every kind of machine]({NAME}.png)",
+                      "", body]
     lines += gpu_campaign_lines(root)
     path = root / "README.md"
     path.write_text("\n".join(lines))

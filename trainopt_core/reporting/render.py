@@ -285,7 +285,17 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", help="the run records to use instead (a runs/ folder or a runs.tar.xz)")
     parser.add_argument("--write", action="store_true", help="write the tables and figures (default: list what differs)")
     args = parser.parse_args(argv)
-    reports = Reports(Path(args.reports).resolve(), args.profile, runs=args.runs)
+    folder = Path(args.reports)
+    if not folder.is_dir():
+        parser.error(f"reports {args.reports!r} is invalid: {'a file' if folder.exists() else 'no such folder'}; allowed "
+                     "a reports folder holding <profile>/runs/ or <profile>/runs.tar.xz")
+    records = folder / args.profile
+    if args.runs is None and not ((records / "runs").is_dir() and any((records / "runs").glob("*.json"))
+                                  or (records / "runs.tar.xz").is_file()):
+        parser.error(f"--profile {args.profile!r} is invalid for {args.reports}: no run records in {args.profile}/runs/ "
+                     f"or {args.profile}/runs.tar.xz; allowed a profile whose reproduction has run "
+                     f"(./run_all.sh --profile {args.profile})")
+    reports = Reports(folder.resolve(), args.profile, runs=args.runs)
     rendered = render_tables(reports)
     stale = differing(reports, rendered)
     if args.write:

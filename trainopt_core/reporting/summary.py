@@ -50,9 +50,26 @@ def _read(tables_dir: Path, name: str) -> pd.DataFrame | None:
     return pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else None
 
 
+_TASK_OF = {"ResNet": "cifar10", "GPT-2": "wikitext2"}
+KEPT_BASELINE = "= the baseline: its plan found nothing faster beyond the noise"
+
+
+def _auto_is_baseline(tables_dir: Path, model: str) -> bool:
+    """Whether `auto`'s plan for `model`'s task (``<profile>/plans/``) kept the baseline's fp32, k=1."""
+    import json
+
+    path = tables_dir.parent / "plans" / f"plan__{_TASK_OF[model]}.json"
+    try:
+        chosen = json.loads(path.read_text())["plan"]["chosen"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return chosen == "fp32, k=1"
+
+
 def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
     """One row per judged claim of Tables I-IV in `tables_dir`: table, claim, paper change,
-    measured change (95 % CI), verdict, its category, and `auto`'s change (95 % CI) or "—"."""
+    measured change (95 % CI), verdict, its category, and `auto`'s change (95 % CI) or "—" --
+    or, where `auto`'s plan kept the baseline, `KEPT_BASELINE` (a +0.0 % would read as a result)."""
     tables_dir = Path(tables_dir)
     rows = []
     for name, numeral, model in _MAIN:
@@ -90,6 +107,10 @@ def verdict_summary(tables_dir: str | os.PathLike) -> pd.DataFrame:
             rows.append(dict(table="IV", claim=f"{model} {r['config']}: scaling efficiency, {int(r['world_size'])} "
                                                 f"processes", quantity="scaling efficiency", paper=f"{100 * as_number(r['paper_efficiency']):.1f}%",
                              measured=measured, verdict=r["claim_held"], auto="—"))
+    for row in rows:
+        model = next((m for m in _TASK_OF if row["claim"].startswith(m)), None)
+        if model and row["auto"] != "—" and _auto_is_baseline(tables_dir, model):
+            row["auto"] = KEPT_BASELINE
     frame = pd.DataFrame(rows, columns=["table", "claim", "quantity", "paper", "measured", "verdict", "auto"])
     frame["category"] = [verdict_category(v) for v in frame["verdict"]]
     # a claim not measured shows no measurement (Table III's mixed-precision rung that ran fp32 has
@@ -185,9 +206,14 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default="quick", choices=PROFILES)
     args = parser.parse_args(argv)
     reports_dir = Path(args.reports_dir).absolute()  # from here, not from notebooks/ as a notebook's path is
+    if not reports_dir.is_dir():
+        parser.error(f"reports_dir {args.reports_dir!r} is invalid: {'a file' if reports_dir.exists() else 'no such folder'}; "
+                     "allowed a reports folder holding <profile>/tables/ (run ./run_all.sh first)")
     tables = reports_dir / args.profile / "tables"
-    if not tables.is_dir():
-        _fail("reports_dir", str(tables), "a reports folder holding <profile>/tables/ (run ./run_all.sh first)")
+    if not tables.is_dir() or not any(tables.glob("*.csv")):
+        parser.error(f"--profile {args.profile!r} is invalid for {args.reports_dir}: {args.profile}/tables/ "
+                     f"{'holds no tables' if tables.is_dir() else 'is not there'}; allowed a profile whose reproduction "
+                     f"has run (./run_all.sh --profile {args.profile})")
     print(profile_summary(reports_dir, args.profile), end="")
     return 0
 

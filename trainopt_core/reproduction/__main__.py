@@ -56,8 +56,9 @@ def _parse(argv):
         parser.error(f"--seed {args.seed} is invalid: allowed an integer >= 0, at most {MAX_SEED} (2**32 - 1)")
     for flag, folder in (("--out", args.out), ("--data-dir", args.data_dir)):
         if folder is not None and not folder.strip():
-            parser.error(f"{flag} {folder!r} is invalid: allowed a folder (empty would write into the current one; "
-                         "leave the flag out for the default)")
+            parser.error(f"{flag} {folder!r} is invalid: allowed a folder (empty would "
+                         f"{'write into' if flag == '--out' else 'read the data from'} the current one; leave the flag "
+                         "out for the default)")
         why = folder is not None and _unwritable(folder)
         if why:
             parser.error(f"{flag} {folder!r} is invalid: {why}; allowed a folder this user can create or write")
