@@ -33,9 +33,11 @@ def test_the_committed_claims_across_machines_are_what_the_tables_give():
     assert len(kinds) == len(set(kinds)) >= 3
     assert set(frame.columns[2:]) == {across_machines._column(entry) for entry in entries}
     assert set(frame.iloc[:, 2:].to_numpy().ravel()) <= {"held", "not held", "inconclusive", "not measured", "not run"}
-    # a claim that held on one machine and not on another is said to depend on the machine
+    # each claim says where it held; one not held on a machine and inconclusive on others says so
     text = (REPORTS / "claims_across_machines.md").read_text()
-    assert "| where it held |" in text and "Held on some machines, not others" in text
+    assert "| where it held |" in text and "Not held on some, inconclusive on the rest" in text
+    patterns = frame.apply(lambda row: across_machines._pattern(row, list(frame.columns[2:])), axis=1)
+    assert set(patterns) <= set(across_machines.PATTERNS)
 
 
 def test_the_agreement_check_refuses_two_profiles_naming_both(tmp_path):

@@ -244,8 +244,8 @@ def test_the_readme_shows_the_adoption_diffs_as_they_are():
                      adoption_diff("char_gpt.py", "char_gpt_trainopt.py")]
 
 
-def test_the_main_readmes_checkpoint_lines_are_the_adopted_scripts():
-    readme = (ROOT / "README.md").read_text()
+def test_the_checkpoint_lines_the_docs_show_are_the_adopted_scripts():
+    readme = (ROOT / "docs" / "adopting.md").read_text()
     shown = re.search(r"resumes bit for bit:\n\n```diff\n(.*?)```", readme, flags=re.DOTALL).group(1)
     original = {line.rstrip() for line in code("char_gpt.py")}
     adopted = {line.rstrip() for line in code("char_gpt_trainopt.py")}

@@ -837,3 +837,26 @@ def test_a_timing_left_to_the_device_is_sized_once_from_the_baseline_and_said():
     with pytest.raises(ValueError, match=r"steps_per_window=0 is invalid: allowed None \(sized to the device\)"):
         plan(_model(), lambda ps: torch.optim.AdamW(ps, lr=1e-3), _batch(), nn.functional.cross_entropy,
              steps_per_window=0)
+
+
+def test_a_short_budget_races_the_current_choice_and_sets_aside_the_rest_saying_so():
+    from types import SimpleNamespace
+
+    from trainopt_core.planner import budget as clock
+    from trainopt_core.planner.space import Candidate
+    from trainopt_core.planner.stages import _focus
+
+    base, k2, k4, k8 = Candidate(), Candidate(k=2), Candidate(k=4), Candidate(k=8)
+    rows = {c: {"timed_windows": 5, "rejected_because": None} for c in (base, k2, k4, k8)}
+    budget = clock.TimeBudget(10.0)
+    budget.started = clock.now()  # 10 s left; a round costs 1 s per candidate: 4 rounds fit beside one
+    search = SimpleNamespace(rows=rows, time_budget=budget, round_s=lambda names: 1.0 * len(names))
+    # k=2 the lowest cost by its point estimate, k=4 the tie rule's choice among those tied with it
+    feasible = {base: {"cost": 1.0}, k2: {"cost": 0.70}, k4: {"cost": 0.72, "chosen": True}, k8: {"cost": 0.90}}
+    _focus(SimpleNamespace(search=search), feasible, [base, k2, k4, k8], [base])
+    assert rows[k4]["rejected_because"] is None and rows[base]["rejected_because"] is None
+    for dropped in (k2, k8):
+        assert rows[dropped]["rejected_because"].startswith(
+            "dropped from the race after 5 windows to give the budget's last rounds to the current choice and the "
+            "lowest-cost others (fp32, k=4)")
+    assert budget.left_out == {"set aside to race 1": ["fp32, k=2", "fp32, k=8"]}

@@ -117,6 +117,12 @@ def _backward(**arguments):
     engine.backward(nn.functional.mse_loss(engine.model(torch.randn(4, 8)), torch.zeros(4, 4)), **arguments)
 
 
+def _backward_and_step(**arguments):
+    engine = _prepare()
+    engine.backward(nn.functional.mse_loss(engine.model(torch.randn(4, 8)), torch.zeros(4, 4)), **arguments)
+    engine.step()
+
+
 NO_DEVICE = "cuda:99" if torch.cuda.is_available() else "cuda"  # a device this machine lacks
 PREPARE_ROWS = [
     ("prepare device", lambda: _prepare(device=NO_DEVICE),
@@ -136,9 +142,11 @@ PREPARE_ROWS = [
     ("engine k fraction", lambda: _set_k(2.5), "k=2.5 is invalid: allowed an integer >= 1"),
     ("backward num_items text", lambda: _backward(num_items="2"), "num_items='2' is invalid: allowed a finite number > 0"),
     ("backward num_items bool", lambda: _backward(num_items=True), "num_items=True is invalid"),
-    ("backward num_items nan tensor", lambda: _backward(num_items=torch.tensor(float("nan"))),
-     "num_items=nan is invalid: allowed a finite number > 0"),
-    ("backward num_items zero tensor", lambda: _backward(num_items=torch.tensor(0)), "num_items=0.0 is invalid"),
+    # a tensor count is read once per optimizer step (no sync per micro-batch): refused at the step
+    ("backward num_items nan tensor, at the step", lambda: _backward_and_step(num_items=torch.tensor(float("nan"))),
+     "num_items summed to nan over the effective batch: allowed a finite number > 0"),
+    ("backward num_items zero tensor, at the step", lambda: _backward_and_step(num_items=torch.tensor(0)),
+     "num_items summed to 0.0 over the effective batch"),
 ]
 
 
@@ -184,9 +192,9 @@ COMMAND_ROWS = [
     ("summary --profile", command(summary.main, str(REPO / "reports"), "--profile", "huge"),
      "argument --profile: invalid choice: 'huge'"),
     ("summary of an empty profile", in_folder(empty_tables, lambda folder: command(summary.main, str(folder / "a"))),
-     "--profile 'quick' is invalid for"),
-    ("summary of a file", command(summary.main, str(REPO / "README.md")), "reports_dir '" + str(REPO / "README.md")
-     + "' is invalid: a file"),
+     "is invalid: allowed a reports folder holding <profile>/tables/ with the tables of a reproduction"),
+    ("summary of a file", command(summary.main, str(REPO / "README.md")),
+     "reports_dir='" + str(REPO / "README.md" / "quick" / "tables") + "' is invalid: allowed a reports folder"),
     ("render of an empty profile", in_folder(empty_tables, lambda folder: command(render.main, str(folder / "a"))),
      "--profile 'quick' is invalid for"),
     ("render of a file", command(render.main, str(REPO / "README.md")), "reports '" + str(REPO / "README.md")

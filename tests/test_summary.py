@@ -122,13 +122,15 @@ def test_the_summary_says_beside_its_counts_what_its_intervals_cover_and_how_it_
     frame.to_csv(table, index=False)
     (tmp_path / "previous_reference.json").write_text('{"quick": "other_machines/old/quick"}')
     first = profile_summary(tmp_path, "quick").splitlines()[0]
-    assert re.search(r"Agreement with the previous reference \(`other_machines/old/quick`, CPU AMD EPYC \(2 logical cores\)\): "
-                     r"\*\*no\*\*, 1 of the \d+ verdict cells of Tables I-IV differ and 0 of \d+ throughput and time ratios lie outside", first)
+    # its kind not recorded: not called the same kind, verdicts and ratios in words, no bare "no"
+    assert re.search(r"Against the previous reference \(`other_machines/old/quick`, CPU AMD EPYC \(2 logical cores\)\): "
+                     r"1 of \d+ verdicts differ, none of \d+ speed and time ratios outside the other's 95 % interval", first)
+    assert "**no**" not in first
     # its manifests do not record its kind of machine: the pointer says it
     (tmp_path / "previous_reference.json").write_text(
         '{"quick": {"folder": "other_machines/old/quick", "machine": "a CPU with AVX-512 BF16: another kind"}}')
-    assert "(`other_machines/old/quick`, a CPU with AVX-512 BF16: another kind): **no**" in \
-        profile_summary(tmp_path, "quick").splitlines()[0]
+    assert ("Against the previous reference on another kind of machine (`other_machines/old/quick`, a CPU with "
+            "AVX-512 BF16: another kind): 1 of") in profile_summary(tmp_path, "quick").splitlines()[0]
     (tmp_path / "previous_reference.json").write_text('{"quick": {"machine": "a folder is missing"}}')
     with pytest.raises(ValueError, match=r"previous_reference.json\['quick'\]=.* is invalid: allowed a folder, or"):
         profile_summary(tmp_path, "quick")
@@ -155,21 +157,21 @@ def test_the_agreement_line_says_it_compares_two_kinds_and_what_reruns_on_one_ki
     (reports / "previous_reference.json").write_text(json.dumps({"quick": entry}))
     first = profile_summary(reports, "quick").splitlines()[0]
     # its manifests name its CPU (the "machine" entry is for folders whose manifests do not)
-    assert ("(`old/quick`, CPU AMD EPYC (family 25 model 1 stepping 1, AVX2, 2 logical cores): another kind of machine; "
-            "its reduced-precision configurations ran fp32 there, bf16 here): **no**") in first
+    assert ("Against the previous reference on another kind of machine (`old/quick`, CPU AMD EPYC (family 25 model 1 "
+            "stepping 1, AVX2, 2 logical cores); bf16 and the like ran fp32 there, bf16 here): ") in first
+    assert "speed ratios are not expected to agree across kinds and are not compared" in first
     # the reruns on one kind come first, then the check against the previous reference
-    same_kind = ("Reruns on one kind of machine agree: a second sitting (`rerun/quick`): agreement **yes**, 0 of the 74 "
-                 "verdict cells of Tables I-IV differ and 0 of 56 throughput and time ratios lie outside the "
-                 "other's 95 % interval; 18 of 18 run records equal in every deterministic field "
-                 "(`reports/records.txt`).")
+    same_kind = ("Reruns on the same kind of machine agree: a second sitting (`rerun/quick`): verdicts agree (0 of 74 "
+                 "differ), none of 56 speed and time ratios outside the other's 95 % interval (Tables I-IV); 18 of 18 "
+                 "run records equal in every deterministic field (`reports/records.txt`).")
     assert same_kind in first and first.index(same_kind) < first.index(
-        "Across two kinds of machine: agreement with the previous reference"), first
+        "Against the previous reference on another kind of machine"), first
     # a rerun whose verdict differs is said as it is
     table = reports / "rerun/quick/tables/table1_resnet.csv"
     frame = pd.read_csv(table)
     frame.loc[frame["metric"] == "Final accuracy", "claim_held"] = "held"
     frame.to_csv(table, index=False)
-    assert "Reruns on one kind of machine: a second sitting (`rerun/quick`): agreement **no**, 1 of the 74" in \
+    assert "Reruns on the same kind of machine: a second sitting (`rerun/quick`): 1 of 74 verdicts differ" in \
         profile_summary(reports, "quick").splitlines()[0]
     (reports / "records.txt").write_text("not a comparison\n")
     with pytest.raises(ValueError, match="a comparison written by scripts/rerun_records.py"):

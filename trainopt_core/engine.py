@@ -227,9 +227,7 @@ class TrainingEngine(ResumableEngine):
         check_loss(loss)
         if isinstance(num_items, torch.Tensor):
             check_item_tensor(num_items)
-            if num_items.device.type == "cpu":  # read now (no device to wait for): a nan or 0 refused here
-                item_count(num_items, self.micro_batch_size)
-            # on an accelerator read at the step's boundary (one sync per step), and refused there
+            # read at the step's boundary (one sync per step, not one per micro-batch), a nan or 0 refused there
             items = num_items.detach().to(device=self.device, dtype=torch.float64).reshape(())
         else:
             items = item_count(num_items, self.micro_batch_size)

@@ -361,10 +361,13 @@ def _drop_the_slow(p: Planning, feasible: dict, lowest: Candidate, pinned: list)
 
 def _focus(p: Planning, feasible: dict, racing: list, pinned: list) -> None:
     """Where what is left of the time budget cannot give every candidate in the race
-    `MIN_RACE_ROUNDS` more rounds, the race goes on with the lowest-cost ones that it can (at least
-    the lowest), the others dropped and said so: the budget goes to those that can still win."""
+    `MIN_RACE_ROUNDS` more rounds, the race goes on with the current choice and the lowest-cost
+    others that it can, the rest dropped and said so: the budget goes to those that can still win."""
     search = p.search
-    contenders = sorted((c for c in racing if c not in pinned), key=lambda c: feasible[c]["cost"])
+    # the current choice first (the tie rule's, among those the timing cannot tell from the lowest
+    # cost), then by cost: the focus never sets aside what the plan would choose now
+    chosen = next((c for c in racing if feasible[c].get("chosen")), None)
+    contenders = sorted((c for c in racing if c not in pinned), key=lambda c: (c != chosen, feasible[c]["cost"]))
     left = search.time_budget.left_s()
     if len(contenders) <= 1 or left == float("inf"):
         return
@@ -376,9 +379,9 @@ def _focus(p: Planning, feasible: dict, racing: list, pinned: list) -> None:
     for candidate in contenders[keep:]:
         search.rows[candidate]["rejected_because"] = (
             f"{DROPPED} after {search.rows[candidate]['timed_windows']} windows to give the budget's last rounds to "
-            f"the {keep} lowest-cost candidate{'s' if keep > 1 else ''} ({'; '.join(c.name for c in kept)}): its eq. 3 "
-            f"cost {feasible[candidate]['cost']:.3f} against {feasible[kept[-1]]['cost']:.3f}")
-    search.time_budget.cut(f"set aside to race the {keep} lowest-cost", [c.name for c in contenders[keep:]])
+            f"the current choice and the lowest-cost others ({'; '.join(c.name for c in kept)}): its eq. 3 cost "
+            f"{feasible[candidate]['cost']:.3f}")
+    search.time_budget.cut(f"set aside to race {keep}", [c.name for c in contenders[keep:]])
 
 
 def _settled(feasible: dict, racing: list, lowest: Candidate, yours, pinned: list, margin: float) -> bool:

@@ -85,7 +85,7 @@ def claims_frame(reports_root: str | os.PathLike, profile: str = "quick") -> tup
     return frame, entries
 
 
-PATTERNS = ("held on every machine", "held on some machines, not on others", "held on some, inconclusive on the rest",
+PATTERNS = ("held on every machine that measured it", "held on some machines, not on others", "held on some, inconclusive on the rest",
             "inconclusive everywhere", "not held on some, inconclusive on the rest", "not held on any machine")
 
 
@@ -116,8 +116,10 @@ def render_markdown(frame: pd.DataFrame, entries: list[dict]) -> str:
              "`python -m trainopt_core.reporting.across_machines reports --write`.", ""]
     for i, entry in enumerate(entries, 1):
         side = entry["side"]
+        only_01 = not any((entry["folder"] / "tables").glob("table3_*.csv"))
         lines.append(f"{i}. `{entry['relative']}` ({entry['role']}): {side['hardware']}, {side['seeds']} seed(s), "
-                     f"reduced precision ran {side['precision']}, {side['date']}")
+                     f"reduced precision ran {side['precision']}, {side['date']}"
+                     + ("; section 01 only (Tables I and II)" if only_01 else ""))
     lines += ["", "| Table | Claim | " + " | ".join(f"{i}" for i in range(1, len(entries) + 1)) + " | where it held |",
               "|---|---|" + "---|" * len(entries) + "---|"]
     for _, row in frame.iterrows():
@@ -152,6 +154,7 @@ def readme_block(frame: pd.DataFrame, entries: list[dict]) -> str:
 def draw(frame: pd.DataFrame, entries: list[dict], path: Path) -> None:
     """The table as a figure: claims down, machines across, one colour per verdict."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -164,7 +167,7 @@ def draw(frame: pd.DataFrame, entries: list[dict], path: Path) -> None:
     colours = ListedColormap(["#4c9a5f", "#e0c060", "#c8504a", "#bbbbbb", "#ffffff"])
     axes.imshow(values, cmap=colours, vmin=0, vmax=len(order) - 1, aspect="auto")
     symbols = dict(SYMBOLS, **{"not run": ""})
-    for (i, j), value in __import__("numpy").ndenumerate(values):
+    for (i, j), value in np.ndenumerate(values):
         axes.text(j, i, symbols[order[value]], ha="center", va="center", fontsize=9)
     axes.set_xticks(range(len(columns)), [c.replace(", ", "\n", 1).replace(" (", "\n(") for c in columns], fontsize=7)
     axes.set_yticks(range(len(frame)), [f"{t}: {c}" for t, c in zip(frame["table"], frame["claim"])], fontsize=7)

@@ -297,7 +297,7 @@ def _machine(folder: Path) -> tuple[str | None, str]:
     """(the machine kind a timing floor is looked up by, or None; the hardware in words) of a
     report folder, from its first timing record's manifest."""
     timings = _throughput_records(folder)
-    manifest = next(iter(timings.values()))["manifest"] if timings else None
+    manifest = next(iter(timings.values())).get("manifest") if timings else None
     kind = machine_kind(manifest)
     return (None if kind is None or "unknown" in kind else kind), describe_hardware(manifest or {}) or "its machine unknown"
 
@@ -340,8 +340,9 @@ def agreement_sentence(current: str | Path, previous: str | Path, name: str, mac
                 f"{'verdicts agree' if not flips else f'{flips} of {compared} verdicts differ'} "
                 f"({compared} verdict cells of {_tables_named(result)}; speed ratios are not expected to agree across "
                 "kinds and are not compared).")
-    return (f"Against the previous reference on the same kind of machine (`{name}`, {hardware}{precision}): "
-            f"{_in_words(result)}.")
+    same = bool(kind and current_kind and kind == current_kind)
+    return (f"Against the previous reference{' on the same kind of machine' if same else ''} (`{name}`, "
+            f"{hardware}{precision}): {_in_words(result)}.")
 
 
 def _in_words(result: dict) -> str:

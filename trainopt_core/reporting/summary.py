@@ -206,14 +206,10 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default="quick", choices=PROFILES)
     args = parser.parse_args(argv)
     reports_dir = Path(args.reports_dir).absolute()  # from here, not from notebooks/ as a notebook's path is
-    if not reports_dir.is_dir():
-        parser.error(f"reports_dir {args.reports_dir!r} is invalid: {'a file' if reports_dir.exists() else 'no such folder'}; "
-                     "allowed a reports folder holding <profile>/tables/ (run ./run_all.sh first)")
     tables = reports_dir / args.profile / "tables"
-    if not tables.is_dir() or not any(tables.glob("*.csv")):
-        parser.error(f"--profile {args.profile!r} is invalid for {args.reports_dir}: {args.profile}/tables/ "
-                     f"{'holds no tables' if tables.is_dir() else 'is not there'}; allowed a profile whose reproduction "
-                     f"has run (./run_all.sh --profile {args.profile})")
+    if not tables.is_dir() or not any(tables.glob("*.csv")):  # a file, a folder without the profile, or no tables yet
+        _fail("reports_dir", str(tables), f"a reports folder holding <profile>/tables/ with the tables of a reproduction "
+              f"(run ./run_all.sh --profile {args.profile} first)")
     print(profile_summary(reports_dir, args.profile), end="")
     return 0
 
