@@ -73,5 +73,5 @@ def test_on_one_kind_the_check_states_verdicts_and_ratios_in_words():
     result = agreement.compare_reports(REPORTS / first, REPORTS / second)
     assert not result["across_kinds"]
     words = agreement._in_words(result)
-    assert words.startswith(("verdicts agree (0 of", f"{len(result['verdict_flips'])} of"))
+    assert words.startswith(("verdict cells agree (0 of", f"{len(result['verdict_flips'])} of"))
     assert "speed and time ratios outside the other's 95 % interval" in words

@@ -124,7 +124,7 @@ def test_the_summary_says_beside_its_counts_what_its_intervals_cover_and_how_it_
     first = profile_summary(tmp_path, "quick").splitlines()[0]
     # its kind not recorded: not called the same kind, verdicts and ratios in words, no bare "no"
     assert re.search(r"Against the previous reference \(`other_machines/old/quick`, CPU AMD EPYC \(2 logical cores\)\): "
-                     r"1 of \d+ verdicts differ, none of \d+ speed and time ratios outside the other's 95 % interval", first)
+                     r"1 of \d+ verdict cells differ, none of \d+ speed and time ratios outside the other's 95 % interval", first)
     assert "**no**" not in first
     # its manifests do not record its kind of machine: the pointer says it
     (tmp_path / "previous_reference.json").write_text(
@@ -161,7 +161,7 @@ def test_the_agreement_line_says_it_compares_two_kinds_and_what_reruns_on_one_ki
             "stepping 1, AVX2, 2 logical cores); bf16 and the like ran fp32 there, bf16 here): ") in first
     assert "speed ratios are not expected to agree across kinds and are not compared" in first
     # the reruns on one kind come first, then the check against the previous reference
-    same_kind = ("Reruns on the same kind of machine agree: a second sitting (`rerun/quick`): verdicts agree (0 of 74 "
+    same_kind = ("Reruns on the same kind of machine agree: a second sitting (`rerun/quick`): verdict cells agree (0 of 74 "
                  "differ), none of 56 speed and time ratios outside the other's 95 % interval (Tables I-IV); 18 of 18 "
                  "run records equal in every deterministic field (`reports/records.txt`).")
     assert same_kind in first and first.index(same_kind) < first.index(
@@ -171,7 +171,7 @@ def test_the_agreement_line_says_it_compares_two_kinds_and_what_reruns_on_one_ki
     frame = pd.read_csv(table)
     frame.loc[frame["metric"] == "Final accuracy", "claim_held"] = "held"
     frame.to_csv(table, index=False)
-    assert "Reruns on the same kind of machine: a second sitting (`rerun/quick`): 1 of 74 verdicts differ" in \
+    assert "Reruns on the same kind of machine: a second sitting (`rerun/quick`): 1 of 74 verdict cells differ" in \
         profile_summary(reports, "quick").splitlines()[0]
     (reports / "records.txt").write_text("not a comparison\n")
     with pytest.raises(ValueError, match="a comparison written by scripts/rerun_records.py"):

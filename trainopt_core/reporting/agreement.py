@@ -337,7 +337,7 @@ def agreement_sentence(current: str | Path, previous: str | Path, name: str, mac
     flips, compared = len(result["verdict_flips"]), result["verdicts_compared"]
     if other_kind:
         return (f"Against the previous reference on another kind of machine (`{name}`, {hardware}{precision}): "
-                f"{'verdicts agree' if not flips else f'{flips} of {compared} verdicts differ'} "
+                f"{'verdict cells agree' if not flips else f'{flips} of {compared} verdict cells differ'} "
                 f"({compared} verdict cells of {_tables_named(result)}; speed ratios are not expected to agree across "
                 "kinds and are not compared).")
     same = bool(kind and current_kind and kind == current_kind)
@@ -346,11 +346,13 @@ def agreement_sentence(current: str | Path, previous: str | Path, name: str, mac
 
 
 def _in_words(result: dict) -> str:
-    """A same-kind comparison in words: "verdicts agree (0 of 10 differ), 1 of 8 speed and time
+    """A same-kind comparison in words: "verdict cells agree (0 of 10 differ), 1 of 8 speed and time
     ratios outside the other's 95 % interval"."""
     flips, compared = len(result["verdict_flips"]), result["verdicts_compared"]
     outside, ratios = len(result["ratios_outside"]), result["timing_ratios_compared"]
-    verdicts = f"verdicts agree (0 of {compared} differ)" if not flips else f"{flips} of {compared} verdicts differ"
+    # cells, not claims: a table row whose claim is "no claim" is a cell too (Table II's MFU)
+    verdicts = (f"verdict cells agree (0 of {compared} differ)" if not flips
+                else f"{flips} of {compared} verdict cells differ")
     return (f"{verdicts}, {outside if outside else 'none'} of {ratios} speed and time ratios outside the other's 95 % "
             f"interval ({_tables_named(result)})")
 
