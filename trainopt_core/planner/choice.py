@@ -230,7 +230,7 @@ def choose(rows: list[dict], budget: float | None, weights: tuple, min_k: int = 
     if yours is None:
         best, tied = tie_broken(min(feasible, key=lambda row: row["cost"]), feasible, base, fast_end)
     else:
-        _costs_against_yours(feasible, yours, base, weights, run_samples)
+        _costs_against_yours(feasible, yours, base, weights, run_samples, with_energy)
         best, tied = keep_or_replace_yours(feasible, yours, notes, margin, fast_end)
     best["chosen"] = True
     notes += _why_the_others_lost(feasible, best, yours, tied, yours or base, margin)
@@ -368,11 +368,11 @@ def cost_at(row: dict, speedup: float, base: dict, weights: tuple, run_samples, 
                 baseline=reference, weights=weights)["cost"]
 
 
-def _costs_against_yours(feasible: list[dict], yours: dict, base: dict, weights: tuple, run_samples) -> None:
+def _costs_against_yours(feasible: list[dict], yours: dict, base: dict, weights: tuple, run_samples,
+                         with_energy: bool) -> None:
     """Each row's eq. 3 cost at the slow end of its speed paired with yours round by round
     (`vs_yours_ci_low`, set by the planner where the two were timed in the same rounds), yours'
     speed at its point: `cost_vs_yours_high`, what `wholly_below` compares with yours' cost."""
-    with_energy = all(row["energy_j_per_sample"] is not None for row in feasible + [base])
     for row in feasible:
         row["cost_vs_yours_high"] = None
         if row is yours or row.get("vs_yours_ci_low") is None or not yours.get("speedup"):

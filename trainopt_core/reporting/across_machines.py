@@ -177,8 +177,8 @@ def draw(frame: pd.DataFrame, entries: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
-def rendered(reports_root: Path, profile: str) -> dict[str, str]:
-    frame, entries = claims_frame(reports_root, profile)
+def rendered(frame: pd.DataFrame, entries: list[dict]) -> dict[str, str]:
+    """The files and the README block, as text, from `claims_frame`'s table and machines."""
     return {f"{NAME}.md": render_markdown(frame, entries), f"{NAME}.csv": frame.to_csv(index=False),
             "README block": readme_block(frame, entries)}
 
@@ -195,12 +195,12 @@ def main(argv=None) -> int:
     if not (root / args.profile / "tables").is_dir():
         parser.error(f"reports {args.reports!r} is invalid: no {args.profile}/tables/ there; allowed the reports folder")
     readme = Path(args.readme) if args.readme else root.resolve().parent / "README.md"
-    out = rendered(root, args.profile)
+    frame, entries = claims_frame(root, args.profile)  # the tables read once, for the files and the figure
+    out = rendered(frame, entries)
     block = START + out.pop("README block") + END
     if args.write:
         for name, text in out.items():
             (root / name).write_text(text)
-        frame, entries = claims_frame(root, args.profile)
         draw(frame, entries, root / f"{NAME}.png")
         text = readme.read_text()
         if START in text and END in text:
