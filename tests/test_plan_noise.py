@@ -163,6 +163,9 @@ def test_first_windows_that_no_longer_fit_are_left_out_when_the_machine_slows_do
     """Measured at 1 s a step, timed at 1.5 s (a load that arrived in between): the windows every
     candidate must have for an interval would overrun the budget; those that do not fit are left
     out, named, and planning ends within its budget + 10 %."""
+    import trainopt_core.planner.search as search
+
+    monkeypatch.setattr(search, "MIN_RACE_ROUNDS", 0)  # nothing kept for the race: every split is measured
     clock = slow_steps(monkeypatch, lambda name: 1.0)
     use_fake_windows(monkeypatch, {"fp32, k=1": [10.0], "fp32, k=2": [20.0, 20.5, 19.5], "fp32, k=4": [18.0]},
                      clock=clock, step_s=lambda name: 1.5)

@@ -46,7 +46,14 @@ NEAR_TIES = 3             # candidates within the noise of the choice timed once
 # what a compiled candidate's first step is expected to take before one has compiled here (the
 # time budget's estimate): 18-61 s from a cold cache on 2-core CPUs, 39.5 s for ResNet-50 on an H100
 COMPILE_EXPECTED_S = 40.0
-NOT_MEASURED = "not measured: the planning time budget (time_budget_s) was spent"
+NOT_MEASURED = ("not measured: the planning time budget (time_budget_s) was spent, its last seconds kept for "
+                "the race")
+# rounds of the race (stages.race) kept in the budget before any candidate is measured: its measurement
+# and first windows must leave this many rounds of the baseline, yours and the fastest so far. Without
+# it, measuring the busy quick ResNet's splits and their options spent 52-59 s of its 60 and left its
+# 1.45x lever (channels-last) 2-3 windows: 2 of 5 plans kept the baseline (commit 900d0bd,
+# benchmarks/results/amd_epyc_avx2_f25/plan_regret/)
+MIN_RACE_ROUNDS = 4
 # |loss - fp32 loss| / |fp32 loss| on the probe batch; TF32 keeps fp16's 10-bit mantissa in its products
 LOSS_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 3e-2, "fp16": 1e-2}
 
@@ -107,8 +114,9 @@ class Search(Timing):
     def measure_memory(self, candidates: Sequence[Candidate], limit: int | None = None,
                        always: bool = False) -> list[Candidate]:
         """Builds each new candidate (unless the memory model prunes it, or the time budget has no
-        room for it and it is not the baseline or `always`), runs a warm-up step and a tracked
-        step, until `limit` have run; returns those that ran."""
+        room for it beside the race's reserve, `race_reserve_s`, and it is not the baseline or
+        `always`), runs a warm-up step and a tracked step, until `limit` have run; returns those
+        that ran."""
         ran = []
         for candidate in candidates:
             if limit is not None and len(ran) >= limit:
@@ -131,7 +139,7 @@ class Search(Timing):
                                                f"{PRUNE_MARGIN}x the budget")
                     continue
             if not (always or candidate == Candidate()) and not self.ranks.all(
-                    self.time_budget.allows(self.measure_estimate_s(candidate))):
+                    self.time_budget.allows(self.measure_estimate_s(candidate) + self.race_reserve_s())):
                 row["rejected_because"] = NOT_MEASURED
                 self.time_budget.cut("not measured", [candidate.name])
                 continue
@@ -254,6 +262,14 @@ class Search(Timing):
         # the last measurement's seconds (the baseline's, the first, also built the memory model)
         measuring = self.measure_s[-1] if self.measure_s else 0.0
         return measuring + compiling + min(FIRST_WINDOWS, self.windows or FIRST_WINDOWS) * self.round_s(untimed + [candidate])
+
+    def race_reserve_s(self) -> float:
+        """The seconds a new candidate's measurement must leave for the race: `MIN_RACE_ROUNDS`
+        rounds of the baseline, yours (`plan(base=...)`) and the fastest candidate timed so far."""
+        timed = [c for c, row in self.rows.items() if row["speedup"] is not None and not row["rejected_because"]]
+        fastest = max(timed, key=lambda c: self.rows[c]["speedup"], default=Candidate())
+        yours = [c for c, row in self.rows.items() if row.get("yours")]
+        return MIN_RACE_ROUNDS * self.round_s(list(dict.fromkeys([Candidate()] + yours + [fastest])))
 
     def _built(self, candidate: Candidate, batch=None) -> tuple[Trial, float]:
         """A new copy of the candidate after one warm-up step (optimizer state allocated, kernels

@@ -16,7 +16,7 @@ from .adaptive import adaptive_config, measure_goodput
 from .choice import DROPPED, choose, cost_at, helps, pareto_front, tie_margin, wholly_below
 from .memory_model import predict, zero_saving_bytes
 from .result import Plan
-from .search import Search
+from .search import MIN_RACE_ROUNDS, Search  # MIN_RACE_ROUNDS: every raced candidate's, else the race focuses (`_focus`)
 from .timing import BRACKETED
 from .space import (COMPILE_ON_CPU, Candidate, attention_kernels, base_candidate, candidate_of, changes_between,
                     checkpointed_twins, configured, fewest_splits_that_fit, native_reduced_precisions, precision_splits,
@@ -30,7 +30,6 @@ MAX_ZERO = 4              # ZeRO candidates measured at most (the best's twins f
 COMPILE_FLOOR_S = 10.0
 RACE_MAX_ROUNDS = 20      # the race ends where every survivor has this many windows (without a time budget, its end)
 MIN_ROUNDS_TO_DROP = 3    # shared rounds before a candidate can be dropped on its paired ratio (t = 4.3 at 3)
-MIN_RACE_ROUNDS = 4       # rounds the budget must leave every raced candidate, else the race focuses (`_focus`)
 # shared rounds before the best is taken as unable to replace yours (its interval over yours not
 # reaching past the margin): a few short windows read a true 1.16x as under 1.05x in a smoke plan
 MIN_ROUNDS_TO_KEEP = 8
@@ -300,7 +299,11 @@ def race(p: Planning) -> None:
     on while a round fits in the time budget, more than one candidate survives besides the baseline
     and yours, or the best against yours is not decided (replaced beyond the margin, or cannot be),
     and no survivor has `RACE_MAX_ROUNDS` windows. The baseline and yours are never dropped: every
-    speedup is paired with the baseline, and yours is kept or replaced on its own pairing."""
+    speedup is paired with the baseline, and yours is kept or replaced on its own pairing.
+
+    The stages before it measure a candidate only where `MIN_RACE_ROUNDS` rounds are left for the
+    race after it (`Search.race_reserve_s`): a candidate measured with no rounds left to race it
+    could not replace the base, and the rounds it took could have decided one that can."""
     search = p.search
     yours = next((c for c, row in p.rows.items() if row.get("yours")), None)
     pinned = [Candidate()] + ([yours] if yours is not None and yours != Candidate() else [])

@@ -283,7 +283,9 @@ class Timing:
         active, expected = list(names), self.round_s(names)
         wanted = max(least, self._windows_now())
         for index in range(wanted):
-            if index >= 1 and not self.ranks.all(self.time_budget.allows(expected)):
+            # past the windows an interval needs, the race's reserve kept (`Search.race_reserve_s`)
+            reserve = self.race_reserve_s() if index >= least else 0.0
+            if index >= 1 and not self.ranks.all(self.time_budget.allows(expected + reserve)):
                 if index >= least:
                     self.time_budget.cut(f"timed in {index} of {wanted} windows", [c.name for c in active[1:]])
                     break

@@ -37,11 +37,12 @@ AUTO = "auto"
 PLAN_KIND = "plan"
 # what `auto` keeps of the baseline: its schedule and clipping, which decide quality, not speed
 SCHEDULE_FIELDS = ("schedule", "warmup_fraction", "min_lr_ratio", "lr_scaling", "clip_norm")
-# the rule `auto`'s plans are made by; a stored plan made by another is made again. 3: the candidates
-# raced in paired rounds, the baseline replaced only beyond the noise and the kind's margin
-# (`planner.choice.TIE_MARGIN`); 2: plan(base=the baseline), nothing decided inside the timing
-# noise; 1: the optimized schedule on the point-best
-PLAN_RULE = 3
+# the rule `auto`'s plans are made by; a stored plan made by another is made again. 4: as 3, and a
+# candidate measured only where the race keeps its last rounds (`planner.search.race_reserve_s`);
+# 3: the candidates raced in paired rounds, the baseline replaced only beyond the noise and the
+# kind's margin (`planner.choice.TIE_MARGIN`); 2: plan(base=the baseline), nothing decided inside
+# the timing noise; 1: the optimized schedule on the point-best
+PLAN_RULE = 4
 # `auto` in one sentence, beside every `auto` column (README, reports, notebooks, explorer)
 AUTO_SENTENCE = ("`auto` trains the baseline's training -- its LR, schedule, clipping and effective batch -- computed "
                  "the fastest way `plan()` found on this machine (precision, micro-batch split, checkpointing, speed "
