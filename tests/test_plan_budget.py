@@ -70,7 +70,7 @@ NOISY_LEVER = {"fp32, k=1": [10.0, 11.5, 8.8, 10.6, 9.4], "fp32, k=2": [13.5, 11
 
 @pytest.mark.parametrize("reserve", [True, False])
 def test_the_stages_leave_the_race_the_rounds_that_decide_a_noisy_lever(monkeypatch, fp32_only, reserve):
-    # the busy quick ResNet's case (benchmarks/results/amd_epyc_avx2_f25/plan_regret, 900d0bd): measuring
+    # the busy quick ResNet's case (benchmarks/results/amd_epyc_avx2_f25/plan_regret_900d0bd): measuring
     # every candidate spent the budget and left its lever a few windows, too few to replace yours
     import trainopt_core.planner.search as search
     from trainopt_core.config import OptimizationConfig

@@ -52,7 +52,7 @@ NOT_MEASURED = ("not measured: the planning time budget (time_budget_s) was spen
 # and first windows must leave this many rounds of the baseline, yours and the fastest so far. Without
 # it, measuring the busy quick ResNet's splits and their options spent 52-59 s of its 60 and left its
 # 1.45x lever (channels-last) 2-3 windows: 2 of 5 plans kept the baseline (commit 900d0bd,
-# benchmarks/results/amd_epyc_avx2_f25/plan_regret/)
+# benchmarks/results/amd_epyc_avx2_f25/plan_regret_900d0bd/)
 MIN_RACE_ROUNDS = 4
 # |loss - fp32 loss| / |fp32 loss| on the probe batch; TF32 keeps fp16's 10-bit mantissa in its products
 LOSS_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 3e-2, "fp16": 1e-2}
