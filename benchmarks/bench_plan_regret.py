@@ -18,10 +18,16 @@ interval lies wholly below 1x), and its planning seconds against the budget + 10
 Bars (issue 71): quiet, 5 of 5 plans per task with regret <= 1.05; beside busy loops 4 of 5; no
 miss quiet and at most 1 of 5 busy; no loss; every plan within its budget + 10 %.
 
+Each regret also has the best's speed over the choice's paired round by round in the truth, with
+its 95 % interval: the best of many candidates by their point estimates is biased high, and where
+that interval reaches 1 the truth cannot tell the two apart. `--plans-from` judges stored plans
+against a truth measured again (more `--rounds` narrow it).
+
 Writes `plan_regret.json` and `plan_regret.md` (with the commit and the machine) to `--out`.
 
     python benchmarks/bench_plan_regret.py [--profile quick] [--tasks cifar10,wikitext2] [--repeats 5]
                                            [--rounds 12] [--busy 2] [--out DIR]
+                                           [--plans-from DIR/plan_regret.json]
 """
 from __future__ import annotations
 
@@ -101,7 +107,8 @@ def truth(task: str, profile: str, threads: int, rounds: int) -> dict:
     base = rates[Candidate().name]
     ratios = {name: paired_ratio(own, base) for name, own in rates.items()}
     return dict(task=task, threads=threads, rounds=rounds, steps_per_window=steps,
-                candidates={name: {key: r[key] for key in ("mean", "ci_low", "ci_high")} for name, r in ratios.items()})
+                candidates={name: dict({key: r[key] for key in ("mean", "ci_low", "ci_high")}, rates=rates[name])
+                            for name, r in ratios.items()})
 
 
 def truth_in_a_process(task: str, profile: str, threads: int, rounds: int) -> dict:
@@ -122,19 +129,32 @@ def planned_threads(plan: dict, threads: int) -> int:
 
 def judged(plan: dict, truths: dict) -> dict:
     """The plan's choice against the truth at its thread count: true ratio, regret, miss, loss."""
+    from trainopt_core.measure.stats import paired_ratio
+
     truth_now = truths[(plan["task"], plan["threads_planned"])]["candidates"]
     best_name = max(truth_now, key=lambda name: truth_now[name]["mean"])
     chosen = truth_now.get(plan["chosen"])
     faster = [name for name, t in truth_now.items() if t["mean"] >= MISS_RATIO and t["ci_low"] > 1.0]
+    # the best's speed over the choice's, paired round by round in the truth: where the interval
+    # reaches 1, the truth cannot tell them apart (the best of many noisy estimates is biased high)
+    paired = (paired_ratio(truth_now[best_name]["rates"], chosen["rates"])
+              if chosen and "rates" in chosen and best_name != plan["chosen"] else None)
     return dict(true_ratio=chosen and chosen["mean"], true_ci=chosen and [chosen["ci_low"], chosen["ci_high"]],
                 best=best_name, best_ratio=truth_now[best_name]["mean"],
                 regret=(truth_now[best_name]["mean"] / chosen["mean"]) if chosen else None,
+                regret_ci=paired and [paired["ci_low"], paired["ci_high"]],
                 miss=plan["chosen"] == BASE and bool(faster), loss=bool(chosen) and chosen["ci_high"] < 1.0,
                 within_budget=plan["planning_s"] <= OVER_BUDGET * plan["budget_s"])
 
 
-def report(truths: dict, plans: list[dict], repeats: int) -> list[str]:
+def _interval(ci) -> str:
+    return f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+
+
+def report(truths: dict, plans: list[dict], repeats: int, plans_from: str | None = None) -> list[str]:
     lines = [f"# plan() against the truth: `auto`'s plans, {repeats} per task and condition", "", machine_line(), ""]
+    if plans_from:
+        lines += [f"The plans: {plans_from}; the truth measured again now, by the line above.", ""]
     for (task, threads), t in sorted(truths.items()):
         ranked = sorted(t["candidates"].items(), key=lambda kv: -kv[1]["mean"])
         lines += [f"## The truth: {task}, {threads} thread(s), {t['rounds']} interleaved rounds of "
@@ -143,7 +163,7 @@ def report(truths: dict, plans: list[dict], repeats: int) -> list[str]:
         lines += [f"| {name} | {r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] |" for name, r in ranked]
         lines.append("")
     lines += ["## The plans", "", "| task | condition | # | threads | chosen | true ratio [95 % CI] | best (true) | "
-              "regret | miss | loss | planning s (budget) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "regret [paired 95 % CI] | miss | loss | planning s (budget) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in plans:
         if "error" in p:
             lines.append(f"| {p['task']} | {p['condition']} | {p['repeat'] + 1} | | error: {p['error']} | | | | | | |")
@@ -151,7 +171,8 @@ def report(truths: dict, plans: list[dict], repeats: int) -> list[str]:
         ci = p["true_ci"] or [float("nan")] * 2
         lines.append(f"| {p['task']} | {p['condition']} | {p['repeat'] + 1} | {p['threads_planned']} | {p['chosen']} | "
                      f"{(p['true_ratio'] or float('nan')):.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | {p['best']} "
-                     f"({p['best_ratio']:.3f}) | {(p['regret'] or float('nan')):.3f} | {'yes' if p['miss'] else 'no'} | "
+                     f"({p['best_ratio']:.3f}) | {(p['regret'] or float('nan')):.3f}{_interval(p.get('regret_ci'))} | "
+                     f"{'yes' if p['miss'] else 'no'} | "
                      f"{'yes' if p['loss'] else 'no'} | {p['planning_s']:.1f} ({p['budget_s']:g}) |")
     lines += ["", "## Against the bars", "", "| task | condition | regret <= 1.05 | misses | losses | within budget + 10 % |",
               "|---|---|---|---|---|---|"]
@@ -175,6 +196,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the second set of plans (0: quiet only)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--plans-from", default=None,
+                        help="judge the plans of this plan_regret.json (those of --tasks) against a truth measured now")
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--truth-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -188,8 +211,13 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     tasks = args.tasks.split(",")
     print(f"[bench] {machine_line()}")
-    plans = []
-    for loops in [0] + ([args.busy] if args.busy else []):
+    plans, plans_from = [], None
+    if args.plans_from:
+        stored = json.loads(Path(args.plans_from).read_text())
+        keys = ("true_ratio", "true_ci", "best", "best_ratio", "regret", "regret_ci", "miss", "loss", "within_budget")
+        plans = [{k: v for k, v in p.items() if k not in keys} for p in stored["plans"] if p["task"] in tasks]
+        plans_from = f"`{args.plans_from}` ({stored['machine'].split(';')[0]})"
+    for loops in ([0] + ([args.busy] if args.busy else [])) if not plans else []:
         condition = "quiet" if loops == 0 else f"{loops} busy loops"
         with busy_loops(loops):
             for task in tasks:
@@ -209,7 +237,7 @@ def main(argv=None) -> int:
     for plan in plans:
         if "error" not in plan:
             plan.update(judged(plan, truths))
-    lines = report(truths, plans, args.repeats)
+    lines = report(truths, plans, max(p["repeat"] for p in plans) + 1, plans_from)
     print("\n".join(lines))
     if args.out:
         out = Path(args.out)

@@ -123,3 +123,27 @@ def test_main_resumes_after_the_finished_tasks(monkeypatch, tmp_path, capsys):
     on_disk = json.loads(Path(path).read_text())
     assert [t["task"] for t in on_disk["tasks"]] == ["cifar10", "wikitext2"] and on_disk["processes"] == 2
     assert "cifar10: finished by the earlier process" in capsys.readouterr().out
+
+
+def test_the_regret_benchmark_pairs_the_best_with_the_choice_in_the_truths_rounds():
+    # the truth's best by its point estimate against a choice it cannot be told from: the regret's
+    # paired interval reaches 1; a lever kept from is a miss, its interval wholly above 1
+    bench = load_script("benchmarks/bench_plan_regret.py")
+    base = [10.0, 10.5, 9.5, 10.2, 9.8, 10.1]
+    truth = {"task": "t", "threads": 1, "rounds": 6, "steps_per_window": 1, "candidates": {
+        "fp32, k=1": {"mean": 1.0, "ci_low": 1.0, "ci_high": 1.0, "rates": base},
+        "fp32, k=2": {"mean": 1.03, "ci_low": 0.95, "ci_high": 1.11, "rates": [10.9, 10.0, 10.2, 10.1, 10.6, 10.3]},
+        "fp32, k=1, channels_last": {"mean": 1.2, "ci_low": 1.1, "ci_high": 1.3, "rates": [r * 1.2 for r in base]}}}
+    plan = {"task": "t", "threads_planned": 1, "chosen": "fp32, k=2", "planning_s": 50.0, "budget_s": 60}
+    truths = {("t", 1): truth}
+    judged = bench.judged(plan, truths)
+    assert judged["best"] == "fp32, k=1, channels_last" and not judged["miss"] and not judged["loss"]
+    low, high = judged["regret_ci"]
+    assert low < judged["regret"] < high and low > 1.0
+    kept = bench.judged(dict(plan, chosen="fp32, k=1"), truths)
+    assert kept["miss"] and kept["regret_ci"][0] == pytest.approx(1.2) and kept["regret"] == pytest.approx(1.2)
+    chose_best = bench.judged(dict(plan, chosen="fp32, k=1, channels_last"), truths)
+    assert chose_best["regret"] == 1.0 and chose_best["regret_ci"] is None
+    lines = bench.report(truths, [dict(plan, **judged, condition="quiet", repeat=0)], 1, plans_from="`x.json` (commit y)")
+    assert "The plans: `x.json` (commit y); the truth measured again now, by the line above." in lines
+    assert any(f"| {judged['regret']:.3f} [{low:.3f}, {high:.3f}] |" in line for line in lines)
