@@ -28,8 +28,9 @@ ratio to the baseline measured in the same windows), then a race among those tha
    caller's configuration (never dropped); after each round a candidate slower than the best
    beyond the noise -- its speed over the best's, paired round by round, with a 95 % interval
    wholly on the slow side -- is dropped; it goes on while a round fits in the time budget and the
-   choice is not decided (`stages.race`). The caller's configuration is replaced only by one
-   faster beyond the noise and the kind's margin (`choice.TIE_MARGIN`).
+   choice is not decided (`stages.race`). The stages before it measure a candidate only where the
+   race keeps its last rounds (`search.MIN_RACE_ROUNDS`). The caller's configuration is replaced
+   only by one faster beyond the noise and the kind's margin (`choice.TIE_MARGIN`).
 5. With adaptive accumulation only (`adaptive_accumulation=True`): k sets the effective batch
    k·b of the chosen micro-batch b, so it is chosen by goodput -- samples/s × statistical
    efficiency, the efficiency from the gradient noise scale B_simple of the batch (measured with
