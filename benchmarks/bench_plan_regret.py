@@ -188,6 +188,24 @@ def report(truths: dict, plans: list[dict], repeats: int, plans_from: str | None
     return lines
 
 
+def plans_made_now(tasks: list[str], profile: str, repeats: int, busy: int, threads: int) -> list[dict]:
+    """`repeats` plans of each task, each in a process of its own, quiet and beside `busy` busy loops."""
+    plans = []
+    for loops in [0] + ([busy] if busy else []):
+        condition = "quiet" if loops == 0 else f"{loops} busy loops"
+        with busy_loops(loops):
+            for task in tasks:
+                for repeat in range(repeats):
+                    plan = dict(plan_in_a_process(task, profile), task=task, condition=condition, repeat=repeat)
+                    plan.pop("peak_flops_per_s", None)
+                    if "error" not in plan:
+                        plan["threads_planned"] = planned_threads(plan, threads)
+                    plans.append(plan)
+                    print(f"[bench] {task} {condition} #{repeat + 1}: {plan.get('chosen', plan.get('error'))} in "
+                          f"{plan.get('planning_s', float('nan')):.1f} s")
+    return plans
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="quick")
@@ -211,24 +229,13 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     tasks = args.tasks.split(",")
     print(f"[bench] {machine_line()}")
-    plans, plans_from = [], None
-    if args.plans_from:
+    plans_from = None
+    if args.plans_from:  # their judgement is made again below (`judged` replaces every key it gives)
         stored = json.loads(Path(args.plans_from).read_text())
-        keys = ("true_ratio", "true_ci", "best", "best_ratio", "regret", "regret_ci", "miss", "loss", "within_budget")
-        plans = [{k: v for k, v in p.items() if k not in keys} for p in stored["plans"] if p["task"] in tasks]
+        plans = [p for p in stored["plans"] if p["task"] in tasks]
         plans_from = f"`{args.plans_from}` ({stored['machine'].split(';')[0]})"
-    for loops in ([0] + ([args.busy] if args.busy else [])) if not plans else []:
-        condition = "quiet" if loops == 0 else f"{loops} busy loops"
-        with busy_loops(loops):
-            for task in tasks:
-                for repeat in range(args.repeats):
-                    plan = dict(plan_in_a_process(task, args.profile), task=task, condition=condition, repeat=repeat)
-                    plan.pop("peak_flops_per_s", None)
-                    if "error" not in plan:
-                        plan["threads_planned"] = planned_threads(plan, threads)
-                    plans.append(plan)
-                    print(f"[bench] {task} {condition} #{repeat + 1}: {plan.get('chosen', plan.get('error'))} in "
-                          f"{plan.get('planning_s', float('nan')):.1f} s")
+    else:
+        plans = plans_made_now(tasks, args.profile, args.repeats, args.busy, threads)
     truths = {}
     for task in tasks:  # quiet, after the plans: at every thread count a plan timed with
         for count in sorted({p["threads_planned"] for p in plans if p["task"] == task and "error" not in p}):
@@ -237,7 +244,7 @@ def main(argv=None) -> int:
     for plan in plans:
         if "error" not in plan:
             plan.update(judged(plan, truths))
-    lines = report(truths, plans, max(p["repeat"] for p in plans) + 1, plans_from)
+    lines = report(truths, plans, max((p["repeat"] + 1 for p in plans), default=args.repeats), plans_from)
     print("\n".join(lines))
     if args.out:
         out = Path(args.out)

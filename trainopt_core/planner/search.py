@@ -268,8 +268,8 @@ class Search(Timing):
         rounds of the baseline, yours (`plan(base=...)`) and the fastest candidate timed so far."""
         timed = [c for c, row in self.rows.items() if row["speedup"] is not None and not row["rejected_because"]]
         fastest = max(timed, key=lambda c: self.rows[c]["speedup"], default=Candidate())
-        yours = [c for c, row in self.rows.items() if row.get("yours")]
-        return MIN_RACE_ROUNDS * self.round_s(list(dict.fromkeys([Candidate()] + yours + [fastest])))
+        pinned = [c for c in (Candidate(), self.yours(), fastest) if c is not None]
+        return MIN_RACE_ROUNDS * self.round_s(list(dict.fromkeys(pinned)))
 
     def _built(self, candidate: Candidate, batch=None) -> tuple[Trial, float]:
         """A new copy of the candidate after one warm-up step (optimizer state allocated, kernels
@@ -332,7 +332,7 @@ class Search(Timing):
         """Each timed row's speed over the caller's configuration's (`plan(base=...)`), paired round
         by round (`vs_yours`, `vs_yours_ci_low`, `vs_yours_ci_high`, `vs_yours_rounds`; None where
         the two share fewer than two rounds). Where yours is the fp32 baseline, its speedup is that."""
-        yours = next((c for c, row in self.rows.items() if row.get("yours")), None)
+        yours = self.yours()
         if yours is None:
             return
         for candidate, row in self.rows.items():

@@ -305,7 +305,7 @@ def race(p: Planning) -> None:
     race after it (`Search.race_reserve_s`): a candidate measured with no rounds left to race it
     could not replace the base, and the rounds it took could have decided one that can."""
     search = p.search
-    yours = next((c for c, row in p.rows.items() if row.get("yours")), None)
+    yours = search.yours()
     pinned = [Candidate()] + ([yours] if yours is not None and yours != Candidate() else [])
     raced, why_stopped = 0, None
     while True:

@@ -74,6 +74,10 @@ class Timing:
             self._say(f"timing: {self.windows_done} window(s) of this group done")
         self.windows_done += 1
 
+    def yours(self) -> Candidate | None:
+        """The caller's configuration (`plan(base=...)`), None without one."""
+        return next((c for c, row in self.rows.items() if row.get("yours")), None)
+
     def round_s(self, candidates: Sequence[Candidate], paced: bool = True) -> float:
         """The expected seconds of one round of windows of `candidates`: their steps' seconds
         (measured on their first steps; an unmeasured one's as the slowest's), scaled (`paced`)
@@ -148,8 +152,8 @@ class Timing:
         baseline = Candidate()
         self.rounds_wanted = rounds
         # the caller's configuration (`plan(base=...)`) in every timing too: each candidate pairs with it
-        yours = [c for c, row in self.rows.items() if row.get("yours") and c in self.held_bytes]
-        names = [baseline] + [c for c in dict.fromkeys(yours + list(candidates)) if c != baseline and c in self.held_bytes]
+        names = [baseline] + [c for c in dict.fromkeys([self.yours()] + list(candidates))
+                              if c is not None and c != baseline and c in self.held_bytes]
         if all(self.windows_timed.get(c) for c in names) and len(names) > 1 and not self.ranks.all(
                 self.time_budget.allows(self.round_s(names))):
             self.time_budget.cut("not timed again", [c.name for c in names[1:]])
